@@ -1,0 +1,161 @@
+#include "cuda_transfer.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace torch_offload {
+namespace {
+
+class CudaFence final : public CopyFence {
+ public:
+  bool query() override { return event.query(); }
+  void synchronize() override { event.synchronize(); }
+  at::cuda::CUDAEvent event;  // timing disabled: cheapest kind
+};
+
+class PinnedAllocator final : public HostAllocator {
+ public:
+  void* allocate(size_t bytes) override {
+    void* ptr = nullptr;
+    if (cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the sticky-free error so later calls are unaffected
+      return nullptr;
+    }
+    return ptr;
+  }
+  void release(void* ptr) override { C10_CUDA_CHECK(cudaFreeHost(ptr)); }
+  bool pinned() const override { return true; }
+};
+
+class CudaTransfer final : public DeviceTransfer {
+ public:
+  FencePtr copy_to_host(const at::Tensor& src, const at::Tensor& dst) override {
+    const c10::DeviceIndex index = src.device().index();
+    c10::cuda::CUDAGuard guard(index);
+    const Streams& streams = streams_for(index);
+    at::cuda::CUDAEvent produced;
+    produced.record(at::cuda::getCurrentCUDAStream(index));
+    produced.block(streams.to_host);
+    C10_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(),
+                                   cudaMemcpyDeviceToHost, streams.to_host.stream()));
+    auto done = std::make_shared<CudaFence>();
+    done->event.record(streams.to_host);
+    return done;
+  }
+
+  std::pair<at::Tensor, FencePtr> copy_to_device(const at::Tensor& host, c10::Device device,
+                                                 const FencePtr& ready) override {
+    const c10::DeviceIndex index =
+        device.has_index() ? device.index() : c10::cuda::current_device();
+    c10::cuda::CUDAGuard guard(index);
+    const Streams& streams = streams_for(index);
+    // Allocated while the compute stream is current: the block belongs to the compute stream's
+    // pool, so freeing it later needs no record_stream.
+    at::Tensor out = at::empty(host.sizes(), host.options().device(c10::Device(c10::kCUDA, index))
+                                                 .pinned_memory(false));
+    at::cuda::CUDAEvent allocated;
+    allocated.record(at::cuda::getCurrentCUDAStream(index));
+    allocated.block(streams.to_device);
+    if (ready) static_cast<CudaFence&>(*ready).event.block(streams.to_device);
+    C10_CUDA_CHECK(cudaMemcpyAsync(out.data_ptr(), host.data_ptr(), host.nbytes(),
+                                   cudaMemcpyHostToDevice, streams.to_device.stream()));
+    auto done = std::make_shared<CudaFence>();
+    done->event.record(streams.to_device);
+    return {out, done};
+  }
+
+  void compute_waits_for(const FencePtr& fence, c10::Device device) override {
+    auto& cuda_fence = static_cast<CudaFence&>(*fence);
+    if (cuda_fence.event.query()) return;  // already complete: no stall to wait for or count
+    const c10::DeviceIndex index =
+        device.has_index() ? device.index() : c10::cuda::current_device();
+    c10::cuda::CUDAGuard guard(index);
+    auto compute = at::cuda::getCurrentCUDAStream(index);
+    // Timing events around the wait measure how long the compute stream sat idle on the copy.
+    auto start = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+    auto end = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+    start->record(compute);
+    cuda_fence.event.block(compute);
+    end->record(compute);
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_waits_.emplace_back(std::move(start), std::move(end));
+  }
+
+  double compute_wait_ms() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::pair<std::shared_ptr<at::cuda::CUDAEvent>,
+                          std::shared_ptr<at::cuda::CUDAEvent>>>
+        still_pending;
+    for (auto& [start, end] : pending_waits_) {
+      if (end->query()) {
+        waited_ms_ += start->elapsed_time(*end);
+      } else {
+        still_pending.emplace_back(start, end);
+      }
+    }
+    pending_waits_.swap(still_pending);
+    return waited_ms_;
+  }
+
+  void reset_compute_wait() override {
+    compute_wait_ms();
+    std::lock_guard<std::mutex> lock(mutex_);
+    waited_ms_ = 0.0;
+  }
+
+ private:
+  struct Streams {
+    c10::cuda::CUDAStream to_host;
+    c10::cuda::CUDAStream to_device;
+  };
+
+  const Streams& streams_for(c10::DeviceIndex index) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = streams_.find(index);
+    if (it == streams_.end()) {
+      // Two streams so that restores in backward never queue behind offloads still in flight.
+      it = streams_
+               .emplace(index, Streams{c10::cuda::getStreamFromPool(false, index),
+                                       c10::cuda::getStreamFromPool(false, index)})
+               .first;
+    }
+    return it->second;
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<c10::DeviceIndex, Streams> streams_;
+  std::vector<std::pair<std::shared_ptr<at::cuda::CUDAEvent>, std::shared_ptr<at::cuda::CUDAEvent>>>
+      pending_waits_;
+  double waited_ms_ = 0.0;
+};
+
+bool cuda_device_present() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceTransfer> make_cuda_transfer() {
+  if (!cuda_device_present()) return nullptr;
+  return std::make_unique<CudaTransfer>();
+}
+
+std::unique_ptr<HostAllocator> make_pinned_allocator() {
+  if (!cuda_device_present()) return nullptr;
+  return std::make_unique<PinnedAllocator>();
+}
+
+}  // namespace torch_offload

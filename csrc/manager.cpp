@@ -1,0 +1,238 @@
+#include "manager.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include "cuda_transfer.h"
+#include "manager_registry.h"
+
+namespace torch_offload {
+namespace {
+
+// "cuda" and "cuda:0" must name the same place when matching prefetched copies.
+c10::Device with_index(c10::Device device) {
+  if (device.is_cpu() || device.has_index()) return device;
+  return c10::impl::getDeviceGuardImpl(device.type())->getDevice();
+}
+
+}  // namespace
+
+std::shared_ptr<Manager> Manager::create(const ManagerConfig& config,
+                                         std::shared_ptr<DeviceTransfer> transfer,
+                                         std::unique_ptr<HostAllocator> allocator) {
+  std::shared_ptr<Manager> manager(
+      new Manager(config, std::move(transfer), std::move(allocator)));
+  manager->id_ = register_manager(manager);
+  return manager;
+}
+
+Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> transfer,
+                 std::unique_ptr<HostAllocator> allocator)
+    : config_(config), transfer_for_all_devices_(transfer != nullptr) {
+  TORCH_CHECK(config.max_in_flight >= 0, "max_in_flight must be >= 0, got ", config.max_in_flight);
+  TORCH_CHECK(config.prefetch_depth >= 0, "prefetch_depth must be >= 0, got ",
+              config.prefetch_depth);
+  transfer_ = transfer ? std::move(transfer) : std::shared_ptr<DeviceTransfer>(make_cuda_transfer());
+  if (!allocator) allocator = make_default_host_allocator();
+  pool_ = std::make_shared<HostBufferPool>(std::move(allocator), config.host_budget_bytes);
+}
+
+Manager::~Manager() { unregister_manager(id_); }
+
+DeviceTransfer* Manager::transfer_for(c10::Device device) const {
+  if (transfer_for_all_devices_) return transfer_.get();
+  if (device.is_cpu()) return nullptr;
+  TORCH_CHECK(device.is_cuda(), "torch_offload: device ", device,
+              " is not supported (CPU and CUDA are)");
+  TORCH_CHECK(transfer_ != nullptr, "torch_offload: got a tensor on ", device,
+              " but this build of torch_offload has no CUDA support or no CUDA device is visible");
+  return transfer_.get();
+}
+
+at::Tensor Manager::make_handle(const HostBlock& block, const at::Tensor& like) {
+  auto self = shared_from_this();
+  return at::from_blob(
+      block.ptr, like.sizes(), [self, block](void*) { self->on_handle_freed(block); },
+      like.options().device(c10::kCPU).pinned_memory(false));
+}
+
+at::Tensor Manager::save(const at::Tensor& x) {
+  TORCH_CHECK(x.defined(), "offload_save: got an undefined tensor");
+  TORCH_CHECK(x.layout() == c10::kStrided && !x.is_quantized(),
+              "offload_save: only dense strided tensors can be offloaded, got layout ", x.layout());
+  DeviceTransfer* transfer = transfer_for(x.device());
+  // Sources are copied as one contiguous run of bytes; a non-contiguous view costs one extra copy.
+  const at::Tensor src = x.contiguous();
+  const HostBlock block = pool_->acquire(src.nbytes());  // throws before anything changed
+  at::Tensor handle = make_handle(block, src);
+  double host_wait_ms = 0.0;
+  FencePtr done;
+  if (src.nbytes() > 0) {
+    if (transfer != nullptr) {
+      host_wait_ms = releaser_.wait_in_flight_below(config_.max_in_flight);
+      done = transfer->copy_to_host(src, handle);
+      // The source stays alive until the copy has read it; then its memory returns to the compute
+      // stream's pool. No record_stream needed.
+      releaser_.release_after([done] { done->synchronize(); }, [src] {}, /*counts_in_flight=*/true);
+    } else {
+      handle.copy_(src);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry entry;
+  entry.host_view = at::from_blob(block.ptr, src.sizes(), handle.options());
+  entry.source_device = with_index(x.device());
+  if (x.unsafeGetTensorImpl()->version_counter().enabled()) {
+    entry.version_counter = x.unsafeGetTensorImpl()->version_counter();
+    entry.saved_version = entry.version_counter.current_version();
+  }
+  entry.to_host_done = done;
+  entry.last_fence = done;
+  save_order_.push_back(block.ptr);
+  entry.order_pos = std::prev(save_order_.end());
+  entries_.emplace(block.ptr, std::move(entry));
+  counters_.saves++;
+  counters_.bytes_to_host += static_cast<int64_t>(src.nbytes());
+  counters_.host_wait_ms += host_wait_ms;
+  return handle;
+}
+
+void Manager::check_unmodified(const Entry& entry) const {
+  if (!entry.version_counter.enabled()) return;
+  const uint32_t now = entry.version_counter.current_version();
+  TORCH_CHECK(now == entry.saved_version,
+              "offload_restore: the tensor passed to offload_save was modified in place after it "
+              "was saved (its version went from ",
+              entry.saved_version, " to ", now,
+              "), so the offloaded copy is stale. Save it after the in-place operation, or clone "
+              "it before modifying it.");
+}
+
+at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
+  TORCH_CHECK(handle.defined() && handle.is_cpu(),
+              "offload_restore: the handle must be the CPU tensor returned by offload_save");
+  device = with_index(device);
+  DeviceTransfer* transfer = transfer_for(device);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(handle.data_ptr());
+  if (it == entries_.end() || it->second.host_view.sizes() != handle.sizes() ||
+      it->second.host_view.dtype() != handle.dtype()) {
+    // Not one of our live handles (a copy or a view of one, or any host tensor): restoring it is a
+    // plain copy to `device`, queued on the current stream.
+    counters_.restores++;
+    counters_.bytes_to_device += static_cast<int64_t>(handle.nbytes());
+    return handle.to(device, /*non_blocking=*/false, /*copy=*/true);
+  }
+  Entry& entry = it->second;
+  check_unmodified(entry);
+  at::Tensor out;
+  if (entry.prefetched.defined() && entry.prefetched.device() == device) {
+    out = std::move(entry.prefetched);
+    entry.prefetched = at::Tensor();
+    transfer->compute_waits_for(entry.prefetch_done, device);
+    counters_.prefetch_hits++;
+  } else if (transfer != nullptr) {
+    FencePtr done;
+    std::tie(out, done) = transfer->copy_to_device(entry.host_view, device, entry.to_host_done);
+    entry.last_fence = done;
+    transfer->compute_waits_for(done, device);
+  } else {
+    if (entry.to_host_done) entry.to_host_done->synchronize();  // source was on a device
+    out = at::empty(handle.sizes(), handle.options());
+    out.copy_(entry.host_view);
+  }
+  entry.restored = true;
+  counters_.restores++;
+  counters_.bytes_to_device += static_cast<int64_t>(out.nbytes());
+  if (transfer != nullptr) prefetch_before_locked(entry, device, transfer);
+  return out;
+}
+
+void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
+                                     DeviceTransfer* transfer) {
+  // Backward restores in reverse save order: the entries saved just before this one come next.
+  int64_t budget = config_.prefetch_depth;
+  for (auto pos = restored.order_pos; budget > 0 && pos != save_order_.begin();) {
+    --pos;
+    Entry& candidate = entries_.at(*pos);
+    if (candidate.restored || candidate.source_device != device) continue;
+    budget--;
+    if (candidate.prefetched.defined()) continue;
+    std::tie(candidate.prefetched, candidate.prefetch_done) =
+        transfer->copy_to_device(candidate.host_view, device, candidate.to_host_done);
+    candidate.last_fence = candidate.prefetch_done;
+    counters_.prefetches++;
+  }
+}
+
+void Manager::on_handle_freed(const HostBlock& block) {
+  FencePtr last;
+  at::Tensor prefetched;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(block.ptr);
+    if (it != entries_.end()) {
+      last = it->second.last_fence;
+      prefetched = std::move(it->second.prefetched);
+      save_order_.erase(it->second.order_pos);
+      entries_.erase(it);
+    }
+  }
+  // A copy may still read or write the buffer (or the unused prefetched copy): release both only
+  // once it has finished, so the pool never hands out memory a DMA is still touching.
+  if (last && !last->query()) {
+    auto pool = pool_;
+    releaser_.release_after([last] { last->synchronize(); },
+                            [pool, block, prefetched]() mutable {
+                              prefetched = at::Tensor();
+                              pool->release(block);
+                            },
+                            /*counts_in_flight=*/false);
+  } else {
+    prefetched = at::Tensor();
+    pool_->release(block);
+  }
+}
+
+OffloadStats Manager::stats() {
+  const PoolStats pool = pool_->stats();
+  std::lock_guard<std::mutex> lock(mutex_);
+  OffloadStats s = counters_;
+  s.in_flight_peak = releaser_.in_flight_peak();
+  s.host_bytes_in_use = pool.bytes_in_use;
+  s.host_bytes_peak = pool.bytes_peak;
+  s.host_bytes_cached = pool.bytes_cached;
+  s.pool_hits = pool.hits;
+  s.pool_misses = pool.misses;
+  s.host_allocations = pool.allocations;
+  s.live_handles = static_cast<int64_t>(entries_.size());
+  s.pinned = pool_->pinned();
+  s.compute_wait_ms = transfer_ ? transfer_->compute_wait_ms() : 0.0;
+  return s;
+}
+
+void Manager::reset_stats() {
+  pool_->reset_counters();
+  releaser_.reset_peak();
+  if (transfer_) transfer_->reset_compute_wait();
+  std::lock_guard<std::mutex> lock(mutex_);
+  counters_ = OffloadStats{};
+}
+
+void Manager::synchronize() {
+  std::vector<FencePtr> fences;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [key, entry] : entries_) {
+      if (entry.last_fence) fences.push_back(entry.last_fence);
+    }
+  }
+  for (auto& fence : fences) fence->synchronize();
+  releaser_.drain();
+}
+
+void Manager::empty_pool() { pool_->empty_cache(); }
+
+}  // namespace torch_offload

@@ -1,0 +1,17 @@
+#pragma once
+#include <cstdint>
+
+namespace torch_offload {
+
+struct ManagerConfig {
+  // Device-to-host copies allowed in flight before offload_save blocks the host (bounds the GPU
+  // memory held by sources that are still being copied). 0 = unbounded.
+  int64_t max_in_flight = 4;
+  // How many earlier-saved tensors to start copying back when one is restored (backward order is
+  // the reverse of save order). 0 disables prefetch.
+  int64_t prefetch_depth = 1;
+  // Most host bytes the pool may hold (in use plus cached). 0 = unlimited.
+  int64_t host_budget_bytes = 0;
+};
+
+}  // namespace torch_offload

@@ -1,0 +1,51 @@
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch_offload {
+
+// Counters since the last reset_stats(); the *_in_use / cached values are current levels.
+struct OffloadStats {
+  int64_t saves = 0;
+  int64_t restores = 0;
+  int64_t bytes_to_host = 0;
+  int64_t bytes_to_device = 0;
+  int64_t prefetches = 0;       // host-to-device copies started ahead of their restore
+  int64_t prefetch_hits = 0;    // restores served by such a copy
+  int64_t in_flight_peak = 0;   // most device-to-host copies in flight at once
+  int64_t host_bytes_in_use = 0;
+  int64_t host_bytes_peak = 0;
+  int64_t host_bytes_cached = 0;
+  int64_t pool_hits = 0;
+  int64_t pool_misses = 0;
+  int64_t host_allocations = 0;  // blocks ever allocated (pinned allocations are the slow part)
+  int64_t live_handles = 0;
+  bool pinned = false;
+  double compute_wait_ms = 0.0;  // compute stream stalled waiting for copies
+  double host_wait_ms = 0.0;     // host thread blocked by the in-flight bound
+
+  // Flat name/value view used by the TorchScript class and the Python API.
+  std::vector<std::pair<std::string, double>> items() const {
+    return {{"saves", double(saves)},
+            {"restores", double(restores)},
+            {"bytes_to_host", double(bytes_to_host)},
+            {"bytes_to_device", double(bytes_to_device)},
+            {"prefetches", double(prefetches)},
+            {"prefetch_hits", double(prefetch_hits)},
+            {"in_flight_peak", double(in_flight_peak)},
+            {"host_bytes_in_use", double(host_bytes_in_use)},
+            {"host_bytes_peak", double(host_bytes_peak)},
+            {"host_bytes_cached", double(host_bytes_cached)},
+            {"pool_hits", double(pool_hits)},
+            {"pool_misses", double(pool_misses)},
+            {"host_allocations", double(host_allocations)},
+            {"live_handles", double(live_handles)},
+            {"pinned", pinned ? 1.0 : 0.0},
+            {"compute_wait_ms", compute_wait_ms},
+            {"host_wait_ms", host_wait_ms}};
+  }
+};
+
+}  // namespace torch_offload

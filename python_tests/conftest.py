@@ -1,0 +1,24 @@
+import pytest
+import torch
+
+import torch_offload  # noqa: F401  (loads the library and registers the Python fakes)
+
+HAS_CUDA = torch.cuda.is_available()
+
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+
+# Every device-generic test runs on CPU (CI) and, where present, on CUDA.
+DEVICES = ["cpu", pytest.param("cuda", marks=[cuda_only, pytest.mark.cuda])]
+
+
+@pytest.fixture
+def manager():
+    return torch_offload.OffloadManager()
+
+
+def assert_same_grads(model_a, model_b):
+    for (name, a), (_, b) in zip(model_a.named_parameters(), model_b.named_parameters()):
+        if a.grad is None or b.grad is None:
+            assert a.grad is None and b.grad is None, name
+            continue
+        assert torch.equal(a.grad, b.grad), f"{name}: max diff {(a.grad - b.grad).abs().max()}"

@@ -1,0 +1,173 @@
+"""torch_offload.checkpoint against torch.utils.checkpoint: gradients must be bit-identical."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+import torch_offload
+from conftest import DEVICES, assert_same_grads
+
+
+class Block(nn.Module):
+    def __init__(self, width=32, dropout=0.2):
+        super().__init__()
+        self.fc1 = nn.Linear(width, 4 * width)
+        self.fc2 = nn.Linear(4 * width, width)
+        self.drop = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x, scale=1.0, *, bias=None, extra=None):
+        h = self.fc2(self.drop(torch.relu(self.fc1(self.norm(x)))))
+        if bias is not None:
+            h = h + bias
+        if extra is not None:
+            h = h * extra["gate"]
+        return x + scale * h
+
+
+def _run(blocks, x, wrap, **kwargs):
+    torch.manual_seed(1234)
+    h = x
+    for block in blocks:
+        h = wrap(block, h, **kwargs)
+    loss = h.square().mean()
+    loss.backward()
+    return loss
+
+
+def _ours(block, h, **kwargs):
+    return torch_offload.checkpoint(block, h, **kwargs)
+
+
+def _torchs(block, h, **kwargs):
+    return torch_checkpoint(block, h, use_reentrant=False, **kwargs)
+
+
+def _pair(device, n=3, dropout=0.2):
+    torch.manual_seed(0)
+    a = nn.ModuleList(Block(dropout=dropout) for _ in range(n)).to(device)
+    b = copy.deepcopy(a)
+    x = torch.randn(4, 16, 32, device=device)
+    return a, b, x
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matches_torch_checkpoint_with_dropout(device):
+    a, b, x = _pair(device)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    la = _run(a, xa, _ours)
+    lb = _run(b, xb, _torchs)
+    assert torch.equal(la, lb)
+    assert_same_grads(a, b)
+    assert torch.equal(xa.grad, xb.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matches_plain_training_without_dropout(device):
+    a, b, x = _pair(device, dropout=0.0)
+    la = _run(a, x, _ours)
+    lb = _run(b, x, lambda block, h: block(h))
+    assert torch.equal(la, lb)
+    assert_same_grads(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kwargs_nested_and_non_tensor_args(device):
+    a, b, x = _pair(device, n=2)
+    bias = torch.randn(32, device=device, requires_grad=True)
+    gate = torch.rand(32, device=device, requires_grad=True)
+    bias_b, gate_b = bias.detach().clone().requires_grad_(), gate.detach().clone().requires_grad_()
+    _run(a, x, _ours, scale=0.5, bias=bias, extra={"gate": gate})
+    _run(b, x, _torchs, scale=0.5, bias=bias_b, extra={"gate": gate_b})
+    assert_same_grads(a, b)
+    assert torch.equal(bias.grad, bias_b.grad) and torch.equal(gate.grad, gate_b.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inputs_without_grad_still_train_parameters(device):
+    # Frozen embeddings (LoRA) give a first layer input that does not require grad.
+    a, b, x = _pair(device, n=2)
+    assert not x.requires_grad
+    _run(a, x, _ours)
+    _run(b, x, _torchs)
+    assert all(p.grad is not None for p in a.parameters())
+    assert_same_grads(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_several_outputs_and_non_tensor_outputs(device):
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8).to(device)
+    lin_b = copy.deepcopy(lin)
+
+    def fn(layer, x):
+        y = layer(x)
+        return {"y": y, "y2": (y * 2, "tag"), "n": 3, "idx": torch.argmax(y, dim=-1)}
+
+    x = torch.randn(5, 8, device=device, requires_grad=True)
+    out = torch_offload.checkpoint(fn, lin, x)
+    assert out["n"] == 3 and out["y2"][1] == "tag" and out["idx"].dtype == torch.int64
+    (out["y"].sum() + out["y2"][0].sum()).backward()
+    ref = fn(lin_b, x.detach())
+    (ref["y"].sum() + ref["y2"][0].sum()).backward()
+    assert torch.equal(lin.weight.grad, lin_b.weight.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_is_replayed_in_recompute(device):
+    a, b, x = _pair(device, n=2)
+    dtype = torch.bfloat16
+    with torch.autocast(device_type=device, dtype=dtype):
+        la = _run(a, x, _ours)
+    with torch.autocast(device_type=device, dtype=dtype):
+        lb = _run(b, x, _torchs)
+    assert torch.equal(la, lb)
+    assert_same_grads(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_twice_with_retain_graph(device):
+    a, b, x = _pair(device, n=2, dropout=0.0)
+    ha, hb = x, x
+    for block in a:
+        ha = _ours(block, ha)
+    for block in b:
+        hb = _torchs(block, hb)
+    for _ in range(2):
+        ha.sum().backward(retain_graph=True)
+        hb.sum().backward(retain_graph=True)
+    assert_same_grads(a, b)
+
+
+def test_no_grad_runs_the_function_directly():
+    block = Block(dropout=0.0)
+    x = torch.randn(2, 32)
+    manager = torch_offload.OffloadManager()
+    with torch.no_grad():
+        out = torch_offload.checkpoint(block, x, manager=manager)
+    assert torch.equal(out, block(x)) and manager.stats()["saves"] == 0
+
+
+def test_offloads_exactly_the_first_tensor_input():
+    manager = torch_offload.OffloadManager()
+    block = Block()
+    x = torch.randn(2, 4, 32, requires_grad=True)
+    bias = torch.randn(32, requires_grad=True)
+    torch_offload.checkpoint(block, x, bias=bias, manager=manager).sum().backward()
+    stats = manager.stats()
+    assert stats["saves"] == 1 and stats["bytes_to_host"] == x.numel() * 4
+    assert stats["restores"] == 1 and stats["live_handles"] == 0
+
+
+def test_in_place_change_of_checkpoint_input_is_detected():
+    block = Block(dropout=0.0)
+    x = torch.randn(2, 4, 32)
+    h = x.clone().requires_grad_()
+    inner = h * 1.0
+    out = torch_offload.checkpoint(block, inner)
+    with torch.no_grad():
+        inner.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified in place after it was saved"):
+        out.sum().backward()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# README command 2: set everything up, build, and run every test (GoogleTest via ctest, pytest).
+# CUDA tests skip cleanly without a GPU.
+set -euo pipefail
+source "$(dirname "$0")/setup_env.sh"
+"$repo_root/scripts/build.sh"
+cd "$repo_root"
+
+echo "[test] GoogleTest (ctest)"
+ctest --test-dir build --output-on-failure -j2
+
+echo "[test] pip install . (the packaged build is exercised by python_tests/test_packaging.py)"
+python -m pip install -q --no-build-isolation --no-deps .
+
+echo "[test] pytest"
+set +e
+python -m pytest python_tests -q -p no:cacheprovider
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+  echo "[test] pytest collected no tests"
+  status=0
+fi
+exit "$status"

@@ -1,0 +1,31 @@
+// The single TORCH_LIBRARY of torch_offload: op schemas and the OffloadManager class.
+#include <torch/library.h>
+
+#include "offload_manager.h"
+
+TORCH_LIBRARY(offload, m) {
+  // Functional ops returning tensors, so that neither TorchScript nor torch.compile drops them.
+  m.def("offload_save(Tensor x, int manager) -> Tensor");
+  m.def("offload_restore(Tensor handle, Device device, int manager) -> Tensor");
+
+  using torch_offload::OffloadManager;
+  m.class_<OffloadManager>("OffloadManager")
+      .def(torch::init<int64_t, int64_t, int64_t>(), "",
+           {torch::arg("max_in_flight") = 4, torch::arg("prefetch_depth") = 1,
+            torch::arg("host_budget_bytes") = 0})
+      .def("id", &OffloadManager::id)
+      .def("stats", &OffloadManager::stats)
+      .def("reset_stats", &OffloadManager::reset_stats)
+      .def("synchronize", &OffloadManager::synchronize)
+      .def("empty_pool", &OffloadManager::empty_pool)
+      .def("max_in_flight", &OffloadManager::max_in_flight)
+      .def("prefetch_depth", &OffloadManager::prefetch_depth)
+      .def("host_budget_bytes", &OffloadManager::host_budget_bytes)
+      .def_pickle(
+          [](const c10::intrusive_ptr<OffloadManager>& self) -> std::vector<int64_t> {
+            return self->state();
+          },
+          [](std::vector<int64_t> state) -> c10::intrusive_ptr<OffloadManager> {
+            return OffloadManager::from_state(state);
+          });
+}

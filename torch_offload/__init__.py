@@ -1,0 +1,24 @@
+"""torch_offload: activation offloading for PyTorch training, backed by a C++ engine.
+
+Ops: torch.ops.offload.offload_save / offload_restore; class: torch.classes.offload.OffloadManager.
+"""
+from ._library import load_library
+from ._ops import offload_restore, offload_save
+from .apply import OffloadHandle, apply, find_blocks
+from .checkpoint import checkpoint
+from .manager import OffloadManager, default_manager, stats
+
+library_path = load_library()
+
+__all__ = [
+    "OffloadHandle",
+    "OffloadManager",
+    "apply",
+    "checkpoint",
+    "default_manager",
+    "find_blocks",
+    "library_path",
+    "offload_restore",
+    "offload_save",
+    "stats",
+]

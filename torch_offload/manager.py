@@ -1,0 +1,33 @@
+"""OffloadManager construction and the process-wide default manager."""
+import threading
+
+import torch
+
+from . import _ops  # noqa: F401  (loads the library)
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def OffloadManager(max_in_flight: int = 4, prefetch_depth: int = 1, host_budget_bytes: int = 0):
+    """Creates a torch.classes.offload.OffloadManager.
+
+    max_in_flight: device-to-host copies allowed in flight before saving blocks (0 = unbounded).
+    prefetch_depth: earlier-saved tensors copied back ahead of need when one is restored.
+    host_budget_bytes: most host memory the manager's buffer pool may hold (0 = unlimited).
+    """
+    return torch.classes.offload.OffloadManager(max_in_flight, prefetch_depth, host_budget_bytes)
+
+
+def default_manager():
+    """The manager used when none is given; created on first use with default settings."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = OffloadManager()
+        return _default
+
+
+def stats(manager=None) -> dict:
+    """Statistics of `manager` (default: the default manager) as a plain dict."""
+    return dict((manager if manager is not None else default_manager()).stats())
