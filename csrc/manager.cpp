@@ -70,7 +70,10 @@ at::Tensor Manager::save(const at::Tensor& x) {
   double host_wait_ms = 0.0;
   FencePtr done;
   if (src.nbytes() > 0) {
-    if (transfer != nullptr) {
+    if (transfer != nullptr && config_.synchronous) {
+      done = transfer->copy_to_host(src, handle);
+      done->synchronize();  // the source is released when this function returns
+    } else if (transfer != nullptr) {
       host_wait_ms = releaser_.wait_in_flight_below(config_.max_in_flight);
       done = transfer->copy_to_host(src, handle);
       // The source stays alive until the copy has read it; then its memory returns to the compute
@@ -146,7 +149,7 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
   entry.restored = true;
   counters_.restores++;
   counters_.bytes_to_device += static_cast<int64_t>(out.nbytes());
-  if (transfer != nullptr) prefetch_before_locked(entry, device, transfer);
+  if (transfer != nullptr && !config_.synchronous) prefetch_before_locked(entry, device, transfer);
   return out;
 }
 

@@ -12,6 +12,9 @@ struct ManagerConfig {
   int64_t prefetch_depth = 1;
   // Most host bytes the pool may hold (in use plus cached). 0 = unlimited.
   int64_t host_budget_bytes = 0;
+  // Each device-to-host copy completes before offload_save returns, and nothing is prefetched:
+  // the lowest resident memory (the "sync" / "legacy" mode), and a debugging baseline.
+  bool synchronous = false;
 };
 
 }  // namespace torch_offload

@@ -10,9 +10,9 @@ TORCH_LIBRARY(offload, m) {
 
   using torch_offload::OffloadManager;
   m.class_<OffloadManager>("OffloadManager")
-      .def(torch::init<int64_t, int64_t, int64_t>(), "",
+      .def(torch::init<int64_t, int64_t, int64_t, bool>(), "",
            {torch::arg("max_in_flight") = 4, torch::arg("prefetch_depth") = 1,
-            torch::arg("host_budget_bytes") = 0})
+            torch::arg("host_budget_bytes") = 0, torch::arg("synchronous") = false})
       .def("id", &OffloadManager::id)
       .def("stats", &OffloadManager::stats)
       .def("reset_stats", &OffloadManager::reset_stats)
@@ -21,6 +21,7 @@ TORCH_LIBRARY(offload, m) {
       .def("max_in_flight", &OffloadManager::max_in_flight)
       .def("prefetch_depth", &OffloadManager::prefetch_depth)
       .def("host_budget_bytes", &OffloadManager::host_budget_bytes)
+      .def("synchronous", &OffloadManager::synchronous)
       .def_pickle(
           [](const c10::intrusive_ptr<OffloadManager>& self) -> std::vector<int64_t> {
             return self->state();

@@ -3,8 +3,9 @@
 namespace torch_offload {
 
 OffloadManager::OffloadManager(int64_t max_in_flight, int64_t prefetch_depth,
-                               int64_t host_budget_bytes)
-    : manager_(Manager::create(ManagerConfig{max_in_flight, prefetch_depth, host_budget_bytes})) {}
+                               int64_t host_budget_bytes, bool synchronous)
+    : manager_(Manager::create(
+          ManagerConfig{max_in_flight, prefetch_depth, host_budget_bytes, synchronous})) {}
 
 c10::Dict<std::string, double> OffloadManager::stats() const {
   c10::Dict<std::string, double> out;
@@ -13,12 +14,12 @@ c10::Dict<std::string, double> OffloadManager::stats() const {
 }
 
 std::vector<int64_t> OffloadManager::state() const {
-  return {max_in_flight(), prefetch_depth(), host_budget_bytes()};
+  return {max_in_flight(), prefetch_depth(), host_budget_bytes(), synchronous() ? 1 : 0};
 }
 
 c10::intrusive_ptr<OffloadManager> OffloadManager::from_state(const std::vector<int64_t>& state) {
-  TORCH_CHECK(state.size() == 3, "OffloadManager: bad pickled state of size ", state.size());
-  return c10::make_intrusive<OffloadManager>(state[0], state[1], state[2]);
+  TORCH_CHECK(state.size() == 4, "OffloadManager: bad pickled state of size ", state.size());
+  return c10::make_intrusive<OffloadManager>(state[0], state[1], state[2], state[3] != 0);
 }
 
 }  // namespace torch_offload

@@ -14,7 +14,8 @@ namespace torch_offload {
 
 class OffloadManager : public torch::CustomClassHolder {
  public:
-  OffloadManager(int64_t max_in_flight, int64_t prefetch_depth, int64_t host_budget_bytes);
+  OffloadManager(int64_t max_in_flight, int64_t prefetch_depth, int64_t host_budget_bytes,
+                 bool synchronous = false);
 
   int64_t id() const { return manager_->id(); }
   c10::Dict<std::string, double> stats() const;
@@ -24,6 +25,7 @@ class OffloadManager : public torch::CustomClassHolder {
   int64_t max_in_flight() const { return manager_->config().max_in_flight; }
   int64_t prefetch_depth() const { return manager_->config().prefetch_depth; }
   int64_t host_budget_bytes() const { return manager_->config().host_budget_bytes; }
+  bool synchronous() const { return manager_->config().synchronous; }
 
   // Configuration only: a loaded manager starts with an empty pool and fresh statistics.
   std::vector<int64_t> state() const;

@@ -4,6 +4,7 @@ Ops: torch.ops.offload.offload_save / offload_restore; class: torch.classes.offl
 """
 from ._library import load_library
 from ._ops import offload_restore, offload_save
+from .activations import offload_activations
 from .apply import OffloadHandle, apply, find_blocks
 from .checkpoint import checkpoint
 from .manager import OffloadManager, default_manager, stats
@@ -18,6 +19,7 @@ __all__ = [
     "default_manager",
     "find_blocks",
     "library_path",
+    "offload_activations",
     "offload_restore",
     "offload_save",
     "stats",

@@ -5,10 +5,11 @@ from typing import Iterable, List, Optional
 import torch
 from torch import nn
 
+from .activations import MODE_ALIASES, canonical_mode, offload_activations
 from .checkpoint import checkpoint
 from .manager import OffloadManager
 
-MODES = ("hidden_states",)
+MODES = ("hidden_states",) + tuple(sorted(MODE_ALIASES))
 
 # Attribute paths where Hugging Face decoder-only models keep their layer stack.
 _HF_LAYER_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "transformer.layers",
@@ -66,6 +67,11 @@ def apply(
 ) -> OffloadHandle:
     """Turns on offloading for `model` and returns an OffloadHandle.
 
+    mode="all" (alias "true", or True) / "sync" (alias "legacy"): the activations that autograd saves
+    inside every block but the last are offloaded (see offload_activations); parameters, buffers,
+    small tensors, the last block and everything after it (the LM head) stay on the GPU. Extra
+    options: min_bytes, max_in_flight, prefetch_depth, host_budget_bytes.
+
     mode="hidden_states": each block runs under torch_offload.checkpoint while the model is training
     and grad is enabled: its input (the hidden states) moves to pinned host memory during forward
     and comes back, prefetched, when backward recomputes the block. `blocks` defaults to the
@@ -73,15 +79,24 @@ def apply(
     modules for other models. `manager` defaults to a new OffloadManager built from
     `manager_options` (max_in_flight, prefetch_depth, host_budget_bytes).
     """
-    if mode not in MODES:
+    if mode is not True and mode not in MODES:
         raise ValueError(f"torch_offload.apply: unknown mode {mode!r}; expected one of {MODES}")
     blocks = list(blocks) if blocks is not None else find_blocks(model)
     if not blocks:
         raise ValueError("torch_offload.apply: blocks is empty")
-    if manager is None:
-        manager = OffloadManager(**manager_options)
-    elif manager_options:
+    if manager is not None and manager_options:
         raise ValueError("torch_offload.apply: pass either manager or manager options, not both")
+    if mode == "hidden_states":
+        manager = manager if manager is not None else OffloadManager(**manager_options)
+        wrap = lambda block: _checkpointed_forward(block, _own_forward(block), manager)  # noqa: E731
+        wrapped = blocks
+    else:
+        mode = canonical_mode(mode)
+        resident = list(model.parameters()) + list(model.buffers())
+        hooks = offload_activations(mode, manager=manager, keep=resident, **manager_options)
+        manager = hooks.manager
+        wrap = lambda block: _hooked_forward(block, _own_forward(block), hooks)  # noqa: E731
+        wrapped = blocks[:-1]  # the last block feeds the LM head right away: keep it resident
 
     if getattr(model, "is_gradient_checkpointing", False):
         # Checkpointing twice would recompute twice; ours replaces the model's own.
@@ -92,19 +107,33 @@ def apply(
                       "filled by a recomputed layer)")
         config.use_cache = False
 
-    handle = OffloadHandle(model, blocks, manager, mode)
-    for block in blocks:
-        if "_torch_offload_handle" in block.__dict__:
-            raise ValueError("torch_offload.apply: a block is already wrapped; call remove() first")
+    if any("_torch_offload_handle" in block.__dict__ for block in blocks):
+        raise ValueError("torch_offload.apply: a block is already wrapped; call remove() first")
+    handle = OffloadHandle(model, wrapped, manager, mode)
+    for block in wrapped:
         block._torch_offload_handle = handle
-        block.forward = _offloaded_forward(block, type(block).forward.__get__(block), manager)
+        block.forward = wrap(block)
     return handle
 
 
-def _offloaded_forward(block: nn.Module, forward, manager):
+def _own_forward(block: nn.Module):
+    return type(block).forward.__get__(block)
+
+
+def _checkpointed_forward(block: nn.Module, forward, manager):
     def forward_with_offload(*args, **kwargs):
         if block.training and torch.is_grad_enabled():
             return checkpoint(forward, *args, manager=manager, **kwargs)
+        return forward(*args, **kwargs)
+
+    return forward_with_offload
+
+
+def _hooked_forward(block: nn.Module, forward, hooks):
+    def forward_with_offload(*args, **kwargs):
+        if block.training and torch.is_grad_enabled():
+            with hooks:
+                return forward(*args, **kwargs)
         return forward(*args, **kwargs)
 
     return forward_with_offload

@@ -9,14 +9,22 @@ _default = None
 _default_lock = threading.Lock()
 
 
-def OffloadManager(max_in_flight: int = 4, prefetch_depth: int = 1, host_budget_bytes: int = 0):
+def OffloadManager(
+    max_in_flight: int = 4,
+    prefetch_depth: int = 1,
+    host_budget_bytes: int = 0,
+    synchronous: bool = False,
+):
     """Creates a torch.classes.offload.OffloadManager.
 
     max_in_flight: device-to-host copies allowed in flight before saving blocks (0 = unbounded).
     prefetch_depth: earlier-saved tensors copied back ahead of need when one is restored.
     host_budget_bytes: most host memory the manager's buffer pool may hold (0 = unlimited).
+    synchronous: every copy completes before offload_save returns; no prefetch ("sync" mode).
     """
-    return torch.classes.offload.OffloadManager(max_in_flight, prefetch_depth, host_budget_bytes)
+    return torch.classes.offload.OffloadManager(
+        max_in_flight, prefetch_depth, host_budget_bytes, synchronous
+    )
 
 
 def default_manager():

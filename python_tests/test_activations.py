@@ -1,0 +1,150 @@
+"""offload_activations / apply(mode="all"|"sync"): every saved activation offloaded through the ops.
+Gradients must equal plain training bit for bit; layouts of saved views must survive."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import torch_offload
+from conftest import DEVICES, assert_same_grads
+from test_models import _llama_step, _tiny_llama
+
+MODES = ["all", "sync", "true", "legacy", True]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", MODES)
+def test_llama_every_mode_matches_plain_training(device, mode):
+    ours = _tiny_llama(device)
+    plain = copy.deepcopy(ours)
+    handle = torch_offload.apply(ours, mode=mode, min_bytes=0)
+    ids = torch.randint(0, 256, (2, 40), device=device)
+    for _ in range(2):
+        for m in (ours, plain):
+            m.zero_grad(set_to_none=True)
+        assert torch.equal(_llama_step(ours, ids, device), _llama_step(plain, ids, device))
+        assert_same_grads(ours, plain)
+    stats = handle.stats()
+    assert stats["saves"] > 0 and stats["saves"] == stats["restores"]
+    assert stats["live_handles"] == 0 and stats["host_bytes_in_use"] == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_saved_views_keep_their_layout(device):
+    # Backwards that save a transpose, a broadcast, a non-dense slice, and a tensor with its view.
+    def fn(a, b, c):
+        a, b, c = a * 1.0, b * 1.0, c * 1.0  # intermediates (leaves are never offloaded)
+        at = a.t()
+        e = c.expand(4, 6, 5)
+        s = a[:, 1:4]
+        return (at @ b).sum() + (e * e).sum() + (s * s).sum() + (a * at.t()).sum()
+
+    torch.manual_seed(0)
+    args = [torch.randn(6, 5, device=device), torch.randn(6, 3, device=device),
+            torch.randn(1, 6, 5, device=device)]
+    ref_args = [t.clone().requires_grad_() for t in args]
+    our_args = [t.clone().requires_grad_() for t in args]
+    fn(*ref_args).backward()
+    hooks = torch_offload.offload_activations("all", min_bytes=0)
+    with hooks:
+        out = fn(*our_args)
+    out.backward()
+    for r, o in zip(ref_args, our_args):
+        assert torch.equal(r.grad, o.grad)
+    stats = hooks.stats()
+    assert stats["saves"] == stats["restores"] >= 5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_restored_tensors_have_original_strides(device):
+    from torch_offload.activations import _Packed, _compact, _rebuild
+
+    manager = torch_offload.OffloadManager()
+    base = torch.randn(4, 6, 5, device=device)
+    same_layout = [base.transpose(0, 2), base.permute(1, 2, 0), torch.randn(4, 1, 5, device=device).expand(4, 6, 5),
+                   torch.randn(1, device=device).expand(7), base.t() if base.dim() == 2 else base.mT]
+    compacted = [base[:, :1].expand(4, 6, 5), base[..., ::2], torch.empty(0, 3, device=device)]
+    for t in same_layout + compacted:
+        src, perm, expanded = _compact(t)
+        packed = _Packed(torch_offload.offload_save(src, manager.id()), t.device, perm, expanded)
+        out = _rebuild(torch_offload.offload_restore(packed.handle, t.device, manager.id()), packed)
+        assert torch.equal(out, t) and out.shape == t.shape
+        if any(t is u for u in same_layout):
+            assert out.stride() == t.stride(), (t.shape, t.stride(), out.stride())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_every_floating_dtype(device, dtype):
+    if device == "cpu" and dtype == torch.float16:
+        pytest.skip("fp16 matmul on CPU is not what this tests")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).to(device, dtype)
+    ref = copy.deepcopy(net)
+    x = torch.randn(10, 16, device=device, dtype=dtype)
+    with torch_offload.offload_activations("all", min_bytes=0):
+        net(x).float().square().sum().backward()
+    ref(x).float().square().sum().backward()
+    assert_same_grads(net, ref)
+
+
+def test_parameters_and_small_tensors_stay():
+    net = nn.Linear(64, 64)
+    x = torch.randn(8, 64, requires_grad=True)
+    hooks = torch_offload.offload_activations("all", min_bytes=4 * 8 * 64)
+    with hooks:
+        y = torch.relu(net(x))  # saves x (a leaf that requires grad: kept), weight (kept), y (offloaded)
+    y.sum().backward()
+    stats = hooks.stats()
+    assert stats["saves"] == 1 and stats["bytes_to_host"] == 8 * 64 * 4
+
+
+def test_integer_and_bool_saved_tensors():
+    x = torch.randn(50, 20, requires_grad=True)
+    ref_x = x.detach().clone().requires_grad_()
+
+    def fn(t):
+        idx = torch.argsort(t, dim=1)  # gather saves an int64 index
+        mask = t > 0  # masked_fill/where save a bool mask
+        return torch.gather(t, 1, idx).where(mask, t * 2).sum()
+
+    with torch_offload.offload_activations("all", min_bytes=0) as hooks:
+        fn(x).backward()
+    fn(ref_x).backward()
+    assert torch.equal(x.grad, ref_x.grad)
+    assert hooks.stats()["saves"] >= 2
+
+
+def test_no_state_grows_over_steps():
+    model = _tiny_llama("cpu", dropout=0.0)
+    handle = torch_offload.apply(model, mode="all", min_bytes=0)
+    ids = torch.randint(0, 256, (1, 32))
+    levels = []
+    for _ in range(6):
+        model(input_ids=ids, labels=ids).loss.backward()
+        stats = handle.stats()
+        levels.append((stats["live_handles"], stats["host_bytes_in_use"], stats["host_allocations"]))
+    assert all(level[:2] == (0, 0) for level in levels)
+    assert len({level[2] for level in levels[1:]}) == 1  # no new host buffers after step one
+
+
+def test_sync_mode_manager_is_synchronous_without_prefetch():
+    hooks = torch_offload.offload_activations("legacy")
+    assert hooks.mode == "sync" and hooks.manager.synchronous() and hooks.manager.prefetch_depth() == 0
+
+
+def test_unknown_mode_is_an_error():
+    with pytest.raises(ValueError, match="unknown activation offloading mode 'sometimes'"):
+        torch_offload.offload_activations("sometimes")
+
+
+def test_in_place_change_after_save_is_detected():
+    x = torch.randn(20, requires_grad=True)
+    with torch_offload.offload_activations("all", min_bytes=0):
+        y = x * 2
+        z = y.sin()  # saves y
+    with torch.no_grad():
+        y.add_(1)
+    with pytest.raises(RuntimeError, match="modified"):
+        z.sum().backward()

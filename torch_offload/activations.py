@@ -1,0 +1,139 @@
+"""offload_activations(): saved-tensor hooks that move every large saved activation off the GPU
+through the C++ ops (no Python-side copies), and bring it back, prefetched, in backward.
+
+Modes: "all" (alias "true"): asynchronous copies on a side stream, bounded in flight, prefetched in
+backward. "sync" (alias "legacy"): each copy completes before forward goes on, no prefetch: the
+lowest resident memory, and a baseline for debugging.
+"""
+from typing import Iterable, Optional
+
+import torch
+
+from ._ops import offload_restore, offload_save
+from .manager import OffloadManager
+
+MODE_ALIASES = {"all": "all", "true": "all", "sync": "sync", "legacy": "sync"}
+
+
+def canonical_mode(mode) -> str:
+    key = "true" if mode is True else str(mode).lower()
+    if key not in MODE_ALIASES:
+        raise ValueError(
+            f"torch_offload: unknown activation offloading mode {mode!r}; expected one of "
+            f"{sorted(MODE_ALIASES)} (or True)"
+        )
+    return MODE_ALIASES[key]
+
+
+class _Packed:
+    """What autograd keeps instead of an offloaded tensor: the host handle plus how to rebuild the
+    original view (same sizes and strides) from the contiguous copy."""
+
+    __slots__ = ("handle", "device", "permutation", "expanded_sizes")
+
+    def __init__(self, handle, device, permutation, expanded_sizes):
+        self.handle = handle
+        self.device = device
+        self.permutation = permutation
+        self.expanded_sizes = expanded_sizes
+
+
+def _compact(t: torch.Tensor):
+    """A contiguous tensor holding exactly t's data, and how to get t's layout back.
+
+    Broadcast (stride-0) dimensions are narrowed to one element so they are copied once; a dense
+    permuted layout (a transpose) is saved through the permutation that makes it contiguous, so the
+    restored tensor has the original strides. Anything else is copied contiguous."""
+    expanded_sizes = None
+    if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
+        expanded_sizes = tuple(t.shape)
+        for dim, (s, n) in enumerate(zip(t.stride(), t.shape)):
+            if s == 0 and n > 1:
+                t = t.narrow(dim, 0, 1)
+    permutation = None
+    if not t.is_contiguous():
+        order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))
+        candidate = t.permute(order)
+        if candidate.is_contiguous():
+            t, permutation = candidate, order
+    return t, permutation, expanded_sizes
+
+
+def _rebuild(restored: torch.Tensor, packed: _Packed) -> torch.Tensor:
+    if packed.permutation is not None:
+        inverse = [0] * len(packed.permutation)
+        for position, dim in enumerate(packed.permutation):
+            inverse[dim] = position
+        restored = restored.permute(inverse)
+    if packed.expanded_sizes is not None:
+        restored = restored.expand(packed.expanded_sizes)
+    return restored
+
+
+def _is_weight(t: torch.Tensor) -> bool:
+    """Parameters, leaves that require grad, and views of them (autograd saves weight.t())."""
+    base = t._base if t._base is not None else t
+    return isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad)
+
+
+class offload_activations(torch.autograd.graph.saved_tensors_hooks):
+    """Context manager: tensors that autograd saves inside it are offloaded.
+
+    Kept on the device: parameters, leaves that require grad and views of either, tensors sharing
+    storage with a tensor in `keep` (apply() passes the model's parameters and buffers), tensors
+    smaller than `min_bytes`. Options: `max_in_flight` (copies in flight before forward blocks), `prefetch_depth`
+    (tensors copied back ahead of need in backward), `host_budget_bytes` (0 = unlimited), or a
+    ready `manager`.
+    """
+
+    def __init__(
+        self,
+        mode="all",
+        *,
+        min_bytes: int = 1 << 20,
+        max_in_flight: int = 4,
+        prefetch_depth: int = 4,
+        host_budget_bytes: int = 0,
+        manager: Optional[object] = None,
+        keep: Iterable[torch.Tensor] = (),
+    ):
+        self.mode = canonical_mode(mode)
+        self.min_bytes = min_bytes
+        if manager is None:
+            manager = OffloadManager(
+                max_in_flight=max_in_flight,
+                prefetch_depth=0 if self.mode == "sync" else prefetch_depth,
+                host_budget_bytes=host_budget_bytes,
+                synchronous=self.mode == "sync",
+            )
+        self.manager = manager
+        manager_id = manager.id()
+        min_bytes = self.min_bytes
+        # Storages that stay resident whatever views of them autograd saves (model weights, buffers).
+        kept_storages = {t.untyped_storage().data_ptr() for t in keep}
+
+        def pack(t: torch.Tensor):
+            if (
+                t.numel() * t.element_size() < min_bytes
+                or t.layout != torch.strided
+                or _is_weight(t)
+                or (kept_storages and t.untyped_storage().data_ptr() in kept_storages)
+            ):
+                return t
+            source, permutation, expanded_sizes = _compact(t.detach())
+            return _Packed(offload_save(source, manager_id), t.device, permutation, expanded_sizes)
+
+        def unpack(packed):
+            if isinstance(packed, torch.Tensor):
+                return packed
+            restored = offload_restore(packed.handle, packed.device, manager_id)
+            return _rebuild(restored, packed)
+
+        super().__init__(pack, unpack)
+
+    def __enter__(self):
+        super().__enter__()
+        return self
+
+    def stats(self) -> dict:
+        return dict(self.manager.stats())
