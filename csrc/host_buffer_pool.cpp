@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 namespace torch_offload {
 namespace {
 
@@ -24,8 +26,17 @@ HostBufferPool::HostBufferPool(std::unique_ptr<HostAllocator> allocator, int64_t
 HostBufferPool::~HostBufferPool() { empty_cache(); }
 
 HostBlock HostBufferPool::acquire(size_t bytes) {
-  const size_t size = round_up(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
+  return *acquire_locked(bytes, /*throw_over_budget=*/true);
+}
+
+std::optional<HostBlock> HostBufferPool::try_acquire(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return acquire_locked(bytes, /*throw_over_budget=*/false);
+}
+
+std::optional<HostBlock> HostBufferPool::acquire_locked(size_t bytes, bool throw_over_budget) {
+  const size_t size = round_up(bytes);
   auto it = cached_.lower_bound(size);
   if (it != cached_.end() && fits(it->first, size)) {
     HostBlock block{it->second, it->first};
@@ -37,11 +48,13 @@ HostBlock HostBufferPool::acquire(size_t bytes) {
     return block;
   }
   if (budget_bytes_ > 0) {
-    TORCH_CHECK(stats_.bytes_in_use + static_cast<int64_t>(size) <= budget_bytes_,
-                "torch_offload: host memory budget exceeded: offloading ", bytes,
+    const bool fits_budget = stats_.bytes_in_use + static_cast<int64_t>(size) <= budget_bytes_;
+    if (!fits_budget && !throw_over_budget) return std::nullopt;
+    TORCH_CHECK(fits_budget, "torch_offload: host memory budget exceeded: offloading ", bytes,
                 " more bytes would need ", stats_.bytes_in_use + static_cast<int64_t>(size),
                 " bytes of host memory, over host_budget_bytes=", budget_bytes_,
-                ". Raise host_budget_bytes or offload fewer tensors; nothing was offloaded.");
+                ". Raise host_budget_bytes, give a disk_dir to spill to, or offload fewer "
+                "tensors; nothing was offloaded.");
     const int64_t over = stats_.bytes_in_use + stats_.bytes_cached +
                          static_cast<int64_t>(size) - budget_bytes_;
     if (over > 0) free_cached_locked(static_cast<size_t>(over));

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "host_allocator.h"
 
@@ -36,6 +37,8 @@ class HostBufferPool {
 
   // Throws c10::Error naming the budget when it would be exceeded, or when the host is out of memory.
   HostBlock acquire(size_t bytes);
+  // Like acquire, but returns std::nullopt instead of throwing when the budget would be exceeded.
+  std::optional<HostBlock> try_acquire(size_t bytes);
   void release(HostBlock block);
   // Frees every cached (unused) block.
   void empty_cache();
@@ -50,6 +53,7 @@ class HostBufferPool {
 
  private:
   void free_cached_locked(size_t bytes_needed);
+  std::optional<HostBlock> acquire_locked(size_t bytes, bool throw_over_budget);
 
   std::unique_ptr<HostAllocator> allocator_;
   const int64_t budget_bytes_;

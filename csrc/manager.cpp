@@ -36,7 +36,15 @@ Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> tr
               config.prefetch_depth);
   transfer_ = transfer ? std::move(transfer) : std::shared_ptr<DeviceTransfer>(make_cuda_transfer());
   if (!allocator) allocator = make_default_host_allocator();
+  const bool pinned = allocator->pinned();
   pool_ = std::make_shared<HostBufferPool>(std::move(allocator), config.host_budget_bytes);
+  TORCH_CHECK(!config.disk_only || !config.disk_dir.empty(),
+              "torch_offload: the disk mode needs a disk_dir");
+  if (!config.disk_dir.empty()) {
+    disk_ = std::make_unique<DiskStore>(config.disk_dir, static_cast<int>(config.io_threads));
+    staging_pool_ = std::make_shared<HostBufferPool>(
+        pinned ? make_default_host_allocator() : make_pageable_allocator(), 0);
+  }
 }
 
 Manager::~Manager() { unregister_manager(id_); }
@@ -63,43 +71,70 @@ at::Tensor Manager::save(const at::Tensor& x) {
   TORCH_CHECK(x.layout() == c10::kStrided && !x.is_quantized(),
               "offload_save: only dense strided tensors can be offloaded, got layout ", x.layout());
   DeviceTransfer* transfer = transfer_for(x.device());
-  // Sources are copied as one contiguous run of bytes; a non-contiguous view costs one extra copy.
-  const at::Tensor src = x.contiguous();
-  const HostBlock block = pool_->acquire(src.nbytes());  // throws before anything changed
-  at::Tensor handle = make_handle(block, src);
-  double host_wait_ms = 0.0;
-  FencePtr done;
-  if (src.nbytes() > 0) {
-    if (transfer != nullptr && config_.synchronous) {
-      done = transfer->copy_to_host(src, handle);
-      done->synchronize();  // the source is released when this function returns
-    } else if (transfer != nullptr) {
-      host_wait_ms = releaser_.wait_in_flight_below(config_.max_in_flight);
-      done = transfer->copy_to_host(src, handle);
-      // The source stays alive until the copy has read it; then its memory returns to the compute
-      // stream's pool. No record_stream needed.
-      releaser_.release_after([done] { done->synchronize(); }, [src] {}, /*counts_in_flight=*/true);
-    } else {
-      handle.copy_(src);
+  if (disk_) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!disk_error_.empty()) {
+      const std::string error = std::move(disk_error_);
+      disk_error_.clear();
+      TORCH_CHECK(false, "torch_offload: the disk tier failed: ", error,
+                  ". Tensors saved before stay in host memory and restore correctly; free space "
+                  "in disk_dir or choose another one. Nothing was offloaded by this call.");
     }
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  // Sources are copied as one contiguous run of bytes; a non-contiguous view costs one extra copy.
+  const at::Tensor src = x.contiguous();
+  std::optional<HostBlock> block;
+  if (!config_.disk_only) {
+    // Without a disk tier an over-budget request throws here, before anything changed.
+    block = disk_ ? pool_->try_acquire(src.nbytes()) : pool_->acquire(src.nbytes());
+  }
+  if (!block) return save_to_disk(x, src, transfer);
+
+  at::Tensor handle = make_handle(*block, src);
+  auto [done, host_wait_ms] = copy_to_host(src, handle, transfer);
   Entry entry;
-  entry.host_view = at::from_blob(block.ptr, src.sizes(), handle.options());
+  entry.host_view = at::from_blob(block->ptr, src.sizes(), handle.options());
+  std::lock_guard<std::mutex> lock(mutex_);
+  add_entry_locked(block->ptr, std::move(entry), x, done, host_wait_ms);
+  return handle;
+}
+
+std::pair<FencePtr, double> Manager::copy_to_host(const at::Tensor& src, const at::Tensor& dst,
+                                                  DeviceTransfer* transfer) {
+  if (src.nbytes() == 0) return {nullptr, 0.0};
+  if (transfer == nullptr) {
+    dst.copy_(src);
+    return {nullptr, 0.0};
+  }
+  if (config_.synchronous) {
+    FencePtr done = transfer->copy_to_host(src, dst);
+    done->synchronize();  // the source is released when the caller drops it
+    return {done, 0.0};
+  }
+  const double waited = releaser_.wait_in_flight_below(config_.max_in_flight);
+  FencePtr done = transfer->copy_to_host(src, dst);
+  // The source stays alive until the copy has read it; then its memory returns to the compute
+  // stream's pool. No record_stream needed.
+  releaser_.release_after([done] { done->synchronize(); }, [src] {}, /*counts_in_flight=*/true);
+  return {done, waited};
+}
+
+void Manager::add_entry_locked(const void* key, Entry entry, const at::Tensor& x,
+                               const FencePtr& done, double host_wait_ms) {
   entry.source_device = with_index(x.device());
+  entry.nbytes = x.nbytes();
   if (x.unsafeGetTensorImpl()->version_counter().enabled()) {
     entry.version_counter = x.unsafeGetTensorImpl()->version_counter();
     entry.saved_version = entry.version_counter.current_version();
   }
   entry.to_host_done = done;
   entry.last_fence = done;
-  save_order_.push_back(block.ptr);
+  save_order_.push_back(key);
   entry.order_pos = std::prev(save_order_.end());
-  entries_.emplace(block.ptr, std::move(entry));
+  entries_.emplace(key, std::move(entry));
   counters_.saves++;
-  counters_.bytes_to_host += static_cast<int64_t>(src.nbytes());
+  counters_.bytes_to_host += static_cast<int64_t>(x.nbytes());
   counters_.host_wait_ms += host_wait_ms;
-  return handle;
 }
 
 void Manager::check_unmodified(const Entry& entry) const {
@@ -118,7 +153,7 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
               "offload_restore: the handle must be the CPU tensor returned by offload_save");
   device = with_index(device);
   DeviceTransfer* transfer = transfer_for(device);
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   auto it = entries_.find(handle.data_ptr());
   if (it == entries_.end() || it->second.host_view.sizes() != handle.sizes() ||
       it->second.host_view.dtype() != handle.dtype()) {
@@ -130,6 +165,7 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
   }
   Entry& entry = it->second;
   check_unmodified(entry);
+  if (entry.file_id >= 0) return restore_from_disk(it->first, device, transfer, lock);
   at::Tensor out;
   if (entry.prefetched.defined() && entry.prefetched.device() == device) {
     out = std::move(entry.prefetched);
@@ -149,7 +185,7 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
   entry.restored = true;
   counters_.restores++;
   counters_.bytes_to_device += static_cast<int64_t>(out.nbytes());
-  if (transfer != nullptr && !config_.synchronous) prefetch_before_locked(entry, device, transfer);
+  if (!config_.synchronous) prefetch_before_locked(entry, device, transfer);
   return out;
 }
 
@@ -161,6 +197,15 @@ void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
     --pos;
     Entry& candidate = entries_.at(*pos);
     if (candidate.restored || candidate.source_device != device) continue;
+    if (candidate.file_id >= 0) {  // disk tier: read ahead into host memory
+      budget--;
+      if (!candidate.read_staging && !candidate.read_pending && !candidate.write_pending &&
+          !candidate.staging) {
+        start_disk_read_locked(*pos, candidate);
+      }
+      continue;
+    }
+    if (transfer == nullptr) continue;
     budget--;
     if (candidate.prefetched.defined()) continue;
     std::tie(candidate.prefetched, candidate.prefetch_done) =
@@ -173,29 +218,37 @@ void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
 void Manager::on_handle_freed(const HostBlock& block) {
   FencePtr last;
   at::Tensor prefetched;
+  std::vector<std::pair<std::shared_ptr<HostBufferPool>, HostBlock>> blocks;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     auto it = entries_.find(block.ptr);
     if (it != entries_.end()) {
-      last = it->second.last_fence;
-      prefetched = std::move(it->second.prefetched);
-      save_order_.erase(it->second.order_pos);
+      Entry& entry = it->second;
+      if (entry.file_id >= 0) {
+        release_disk_entry(entry, lock);  // waits for the entry's IO, removes its file
+        it = entries_.find(block.ptr);    // the wait unlocked: iterators may be stale
+        if (entry.staging) blocks.emplace_back(staging_pool_, *entry.staging);
+        if (entry.read_staging) blocks.emplace_back(staging_pool_, *entry.read_staging);
+      }
+      last = entry.last_fence;
+      prefetched = std::move(entry.prefetched);
+      save_order_.erase(entry.order_pos);
       entries_.erase(it);
     }
   }
-  // A copy may still read or write the buffer (or the unused prefetched copy): release both only
-  // once it has finished, so the pool never hands out memory a DMA is still touching.
+  // Disk entries' handles own a small key block of their own, not a pool buffer.
+  if (block.size > 0) blocks.emplace_back(pool_, block);
+  auto release = [blocks, prefetched]() mutable {
+    prefetched = at::Tensor();
+    for (auto& [pool, b] : blocks) pool->release(b);
+  };
+  // A copy may still read or write these buffers (or the unused prefetched copy): release them
+  // only once it has finished, so the pools never hand out memory a DMA is still touching.
   if (last && !last->query()) {
-    auto pool = pool_;
-    releaser_.release_after([last] { last->synchronize(); },
-                            [pool, block, prefetched]() mutable {
-                              prefetched = at::Tensor();
-                              pool->release(block);
-                            },
+    releaser_.release_after([last] { last->synchronize(); }, std::move(release),
                             /*counts_in_flight=*/false);
   } else {
-    prefetched = at::Tensor();
-    pool_->release(block);
+    release();
   }
 }
 
@@ -213,6 +266,11 @@ OffloadStats Manager::stats() {
   s.live_handles = static_cast<int64_t>(entries_.size());
   s.pinned = pool_->pinned();
   s.compute_wait_ms = transfer_ ? transfer_->compute_wait_ms() : 0.0;
+  if (disk_) {
+    s.disk_files = disk_->files_on_disk();
+    s.disk_bytes_written = disk_->bytes_written();
+    s.disk_bytes_read = disk_->bytes_read();
+  }
   return s;
 }
 
@@ -227,7 +285,14 @@ void Manager::reset_stats() {
 void Manager::synchronize() {
   std::vector<FencePtr> fences;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    io_done_.wait(lock, [this] {
+      if (pending_writes_ > 0) return false;
+      for (auto& [key, entry] : entries_) {
+        if (entry.read_pending) return false;
+      }
+      return true;
+    });
     for (auto& [key, entry] : entries_) {
       if (entry.last_fence) fences.push_back(entry.last_fence);
     }

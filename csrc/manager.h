@@ -5,12 +5,16 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <condition_variable>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <unordered_map>
 
 #include "deferred_releaser.h"
+#include "disk_store.h"
 #include "device_transfer.h"
 #include "host_buffer_pool.h"
 #include "manager_config.h"
@@ -42,6 +46,10 @@ class Manager : public std::enable_shared_from_this<Manager> {
   void synchronize();
   // Frees cached host buffers (buffers held by live handles stay).
   void empty_pool();
+  // Test hook for the disk tier (no-op without one).
+  void simulate_full_disk(bool full) {
+    if (disk_) disk_->simulate_full_disk(full);
+  }
 
   int64_t id() const { return id_; }
   const ManagerConfig& config() const { return config_; }
@@ -58,6 +66,15 @@ class Manager : public std::enable_shared_from_this<Manager> {
     FencePtr prefetch_done;
     bool restored = false;
     std::list<const void*>::iterator order_pos;
+    // Disk tier (file_id >= 0): the data lives in staging until the write finished, then in the
+    // file; a read (restore or prefetch) brings it into read_staging.
+    int64_t file_id = -1;
+    size_t nbytes = 0;
+    std::optional<HostBlock> staging;
+    std::optional<HostBlock> read_staging;
+    bool write_pending = false;
+    bool read_pending = false;
+    std::string read_error;
   };
 
   Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> transfer,
@@ -67,6 +84,19 @@ class Manager : public std::enable_shared_from_this<Manager> {
   void on_handle_freed(const HostBlock& block);
   void check_unmodified(const Entry& entry) const;
   void prefetch_before_locked(const Entry& restored, c10::Device device, DeviceTransfer* transfer);
+
+  // Copies src into dst (bounded in flight, or synchronously); returns the fence and host wait.
+  std::pair<FencePtr, double> copy_to_host(const at::Tensor& src, const at::Tensor& dst,
+                                           DeviceTransfer* transfer);
+  void add_entry_locked(const void* key, Entry entry, const at::Tensor& x, const FencePtr& done,
+                        double host_wait_ms);
+
+  // Disk tier (manager_disk.cpp).
+  at::Tensor save_to_disk(const at::Tensor& x, const at::Tensor& src, DeviceTransfer* transfer);
+  at::Tensor restore_from_disk(const void* key, c10::Device device, DeviceTransfer* transfer,
+                               std::unique_lock<std::mutex>& lock);
+  void start_disk_read_locked(const void* key, Entry& entry);
+  void release_disk_entry(Entry& entry, std::unique_lock<std::mutex>& lock);
 
   const ManagerConfig config_;
   int64_t id_ = 0;
@@ -78,6 +108,12 @@ class Manager : public std::enable_shared_from_this<Manager> {
   std::unordered_map<const void*, Entry> entries_;  // keyed by the handle's data pointer
   std::list<const void*> save_order_;               // live entries, oldest first
   OffloadStats counters_;                           // the event counters part of the stats
+
+  std::unique_ptr<DiskStore> disk_;               // null without disk_dir
+  std::shared_ptr<HostBufferPool> staging_pool_;  // disk staging buffers, outside the budget
+  std::condition_variable io_done_;               // signalled with mutex_ when disk IO finishes
+  int64_t pending_writes_ = 0;
+  std::string disk_error_;  // first failed write, reported by the next save
 
   DeferredReleaser releaser_;  // last member: destroyed first, so it drains while all else lives
 };

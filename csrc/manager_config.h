@@ -1,5 +1,6 @@
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace torch_offload {
 
@@ -15,6 +16,11 @@ struct ManagerConfig {
   // Each device-to-host copy completes before offload_save returns, and nothing is prefetched:
   // the lowest resident memory (the "sync" / "legacy" mode), and a debugging baseline.
   bool synchronous = false;
+  // Directory of the disk tier ("" = none). With disk_only every tensor goes to a file there (the
+  // "disk" mode); otherwise tensors that would exceed host_budget_bytes spill there.
+  std::string disk_dir;
+  bool disk_only = false;
+  int64_t io_threads = 2;
 };
 
 }  // namespace torch_offload

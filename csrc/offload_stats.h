@@ -22,6 +22,10 @@ struct OffloadStats {
   int64_t pool_misses = 0;
   int64_t host_allocations = 0;  // blocks ever allocated (pinned allocations are the slow part)
   int64_t live_handles = 0;
+  int64_t disk_files = 0;          // files currently in the disk tier
+  int64_t disk_bytes_written = 0;
+  int64_t disk_bytes_read = 0;
+  int64_t spills = 0;              // tensors sent to disk because the host budget was full
   bool pinned = false;
   double compute_wait_ms = 0.0;  // compute stream stalled waiting for copies
   double host_wait_ms = 0.0;     // host thread blocked by the in-flight bound
@@ -42,6 +46,10 @@ struct OffloadStats {
             {"pool_misses", double(pool_misses)},
             {"host_allocations", double(host_allocations)},
             {"live_handles", double(live_handles)},
+            {"disk_files", double(disk_files)},
+            {"disk_bytes_written", double(disk_bytes_written)},
+            {"disk_bytes_read", double(disk_bytes_read)},
+            {"spills", double(spills)},
             {"pinned", pinned ? 1.0 : 0.0},
             {"compute_wait_ms", compute_wait_ms},
             {"host_wait_ms", host_wait_ms}};

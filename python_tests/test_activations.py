@@ -148,3 +148,97 @@ def test_in_place_change_after_save_is_detected():
         y.add_(1)
     with pytest.raises(RuntimeError, match="modified"):
         z.sum().backward()
+
+
+def _files(directory):
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_disk_mode_matches_plain_training_and_leaves_no_files(device, tmp_path):
+    ours = _tiny_llama(device)
+    plain = copy.deepcopy(ours)
+    handle = torch_offload.apply(ours, mode="disk", min_bytes=0, disk_dir=str(tmp_path))
+    ids = torch.randint(0, 256, (2, 40), device=device)
+    for _ in range(2):
+        for m in (ours, plain):
+            m.zero_grad(set_to_none=True)
+        assert torch.equal(_llama_step(ours, ids, device), _llama_step(plain, ids, device))
+        assert_same_grads(ours, plain)
+        assert _files(tmp_path) == []
+    stats = handle.stats()
+    assert stats["disk_bytes_written"] == stats["bytes_to_host"] > 0
+    assert stats["disk_bytes_read"] == stats["bytes_to_device"]
+    assert stats["prefetch_hits"] > 0  # backward read files ahead of need
+    assert stats["disk_files"] == 0 and stats["live_handles"] == 0
+
+
+def test_disk_files_removed_after_exception_mid_step(tmp_path):
+    net = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 32), nn.Tanh())
+    hooks = torch_offload.offload_activations("disk", min_bytes=0, disk_dir=str(tmp_path))
+
+    def failing_step():
+        with hooks:
+            y = net(torch.randn(16, 32))
+            hooks.manager.synchronize()
+            assert len(_files(tmp_path)) > 0  # activations really are on disk now
+            raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        failing_step()
+    import gc
+
+    gc.collect()
+    hooks.manager.synchronize()
+    assert _files(tmp_path) == []
+    stats = hooks.stats()
+    assert stats["live_handles"] == 0 and stats["disk_files"] == 0
+
+
+def test_full_disk_is_a_clear_error_and_loses_nothing(tmp_path):
+    a = torch.randn(8, 32, requires_grad=True)
+    hooks = torch_offload.offload_activations("disk", min_bytes=0, disk_dir=str(tmp_path))
+    hooks.manager._simulate_full_disk(True)
+    with hooks:
+        h = a * 2
+        y = h.sin()  # saves h: its write fails, the data stays in host memory
+        hooks.manager.synchronize()
+        with pytest.raises(RuntimeError, match="disk tier failed: .*No space left on device"):
+            h.cos()  # the next save reports the failure
+    hooks.manager._simulate_full_disk(False)
+    y.sum().backward()  # the tensor saved before the failure still restores correctly
+    assert torch.equal(a.grad, 2 * (a.detach() * 2).cos())
+    assert _files(tmp_path) == [] and hooks.stats()["live_handles"] == 0
+
+
+def test_unwritable_disk_dir_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")
+    with pytest.raises(RuntimeError, match="cannot create disk_dir"):
+        torch_offload.offload_activations("disk", disk_dir=str(blocker / "sub"))
+
+
+def test_all_mode_spills_to_disk_over_budget(tmp_path):
+    torch.manual_seed(0)
+    net = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(6)])
+    ref = copy.deepcopy(net)
+    x = torch.randn(32, 64)  # each saved activation: 8 KiB
+    hooks = torch_offload.offload_activations("all", min_bytes=0, host_budget_bytes=24 * 1024,
+                                              disk_dir=str(tmp_path))
+    with hooks:
+        loss = net(x).square().sum()
+    stats = hooks.stats()
+    assert stats["spills"] > 0 and stats["host_bytes_in_use"] <= 24 * 1024
+    loss.backward()
+    ref(x).square().sum().backward()
+    assert_same_grads(net, ref)
+    assert _files(tmp_path) == [] and hooks.stats()["live_handles"] == 0
+
+
+def test_over_budget_without_disk_is_a_clear_error():
+    net = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh())
+    hooks = torch_offload.offload_activations("all", min_bytes=0, host_budget_bytes=8 * 1024)
+    with pytest.raises(RuntimeError, match="host_budget_bytes=8192"):
+        with hooks:
+            net(torch.randn(32, 64))
+    assert hooks.stats()["live_handles"] == 0

@@ -10,9 +10,10 @@ TORCH_LIBRARY(offload, m) {
 
   using torch_offload::OffloadManager;
   m.class_<OffloadManager>("OffloadManager")
-      .def(torch::init<int64_t, int64_t, int64_t, bool>(), "",
+      .def(torch::init<int64_t, int64_t, int64_t, bool, std::string, bool>(), "",
            {torch::arg("max_in_flight") = 4, torch::arg("prefetch_depth") = 1,
-            torch::arg("host_budget_bytes") = 0, torch::arg("synchronous") = false})
+            torch::arg("host_budget_bytes") = 0, torch::arg("synchronous") = false,
+            torch::arg("disk_dir") = "", torch::arg("disk_only") = false})
       .def("id", &OffloadManager::id)
       .def("stats", &OffloadManager::stats)
       .def("reset_stats", &OffloadManager::reset_stats)
@@ -22,11 +23,14 @@ TORCH_LIBRARY(offload, m) {
       .def("prefetch_depth", &OffloadManager::prefetch_depth)
       .def("host_budget_bytes", &OffloadManager::host_budget_bytes)
       .def("synchronous", &OffloadManager::synchronous)
+      .def("disk_dir", &OffloadManager::disk_dir)
+      .def("disk_only", &OffloadManager::disk_only)
+      .def("_simulate_full_disk", &OffloadManager::simulate_full_disk)
       .def_pickle(
-          [](const c10::intrusive_ptr<OffloadManager>& self) -> std::vector<int64_t> {
+          [](const c10::intrusive_ptr<OffloadManager>& self) -> OffloadManager::State {
             return self->state();
           },
-          [](std::vector<int64_t> state) -> c10::intrusive_ptr<OffloadManager> {
+          [](OffloadManager::State state) -> c10::intrusive_ptr<OffloadManager> {
             return OffloadManager::from_state(state);
           });
 }

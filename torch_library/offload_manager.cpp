@@ -3,9 +3,17 @@
 namespace torch_offload {
 
 OffloadManager::OffloadManager(int64_t max_in_flight, int64_t prefetch_depth,
-                               int64_t host_budget_bytes, bool synchronous)
-    : manager_(Manager::create(
-          ManagerConfig{max_in_flight, prefetch_depth, host_budget_bytes, synchronous})) {}
+                               int64_t host_budget_bytes, bool synchronous, std::string disk_dir,
+                               bool disk_only) {
+  ManagerConfig config;
+  config.max_in_flight = max_in_flight;
+  config.prefetch_depth = prefetch_depth;
+  config.host_budget_bytes = host_budget_bytes;
+  config.synchronous = synchronous;
+  config.disk_dir = std::move(disk_dir);
+  config.disk_only = disk_only;
+  manager_ = Manager::create(config);
+}
 
 c10::Dict<std::string, double> OffloadManager::stats() const {
   c10::Dict<std::string, double> out;
@@ -13,13 +21,19 @@ c10::Dict<std::string, double> OffloadManager::stats() const {
   return out;
 }
 
-std::vector<int64_t> OffloadManager::state() const {
-  return {max_in_flight(), prefetch_depth(), host_budget_bytes(), synchronous() ? 1 : 0};
+void OffloadManager::simulate_full_disk(bool full) { manager_->simulate_full_disk(full); }
+
+OffloadManager::State OffloadManager::state() const {
+  return {{max_in_flight(), prefetch_depth(), host_budget_bytes(), synchronous() ? 1 : 0,
+           disk_only() ? 1 : 0},
+          disk_dir()};
 }
 
-c10::intrusive_ptr<OffloadManager> OffloadManager::from_state(const std::vector<int64_t>& state) {
-  TORCH_CHECK(state.size() == 4, "OffloadManager: bad pickled state of size ", state.size());
-  return c10::make_intrusive<OffloadManager>(state[0], state[1], state[2], state[3] != 0);
+c10::intrusive_ptr<OffloadManager> OffloadManager::from_state(const State& state) {
+  const std::vector<int64_t>& v = std::get<0>(state);
+  TORCH_CHECK(v.size() == 5, "OffloadManager: bad pickled state");
+  return c10::make_intrusive<OffloadManager>(v[0], v[1], v[2], v[3] != 0, std::get<1>(state),
+                                             v[4] != 0);
 }
 
 }  // namespace torch_offload

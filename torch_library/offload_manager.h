@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "csrc/manager.h"
@@ -14,8 +15,12 @@ namespace torch_offload {
 
 class OffloadManager : public torch::CustomClassHolder {
  public:
+  // Pickled configuration: {max_in_flight, prefetch_depth, host_budget_bytes, synchronous,
+  // disk_only} and disk_dir.
+  using State = std::tuple<std::vector<int64_t>, std::string>;
+
   OffloadManager(int64_t max_in_flight, int64_t prefetch_depth, int64_t host_budget_bytes,
-                 bool synchronous = false);
+                 bool synchronous = false, std::string disk_dir = "", bool disk_only = false);
 
   int64_t id() const { return manager_->id(); }
   c10::Dict<std::string, double> stats() const;
@@ -26,10 +31,14 @@ class OffloadManager : public torch::CustomClassHolder {
   int64_t prefetch_depth() const { return manager_->config().prefetch_depth; }
   int64_t host_budget_bytes() const { return manager_->config().host_budget_bytes; }
   bool synchronous() const { return manager_->config().synchronous; }
+  std::string disk_dir() const { return manager_->config().disk_dir; }
+  bool disk_only() const { return manager_->config().disk_only; }
+  // Test hook: make the disk tier's next writes fail with ENOSPC.
+  void simulate_full_disk(bool full);
 
   // Configuration only: a loaded manager starts with an empty pool and fresh statistics.
-  std::vector<int64_t> state() const;
-  static c10::intrusive_ptr<OffloadManager> from_state(const std::vector<int64_t>& state);
+  State state() const;
+  static c10::intrusive_ptr<OffloadManager> from_state(const State& state);
 
  private:
   std::shared_ptr<Manager> manager_;

@@ -3,8 +3,14 @@ through the C++ ops (no Python-side copies), and bring it back, prefetched, in b
 
 Modes: "all" (alias "true"): asynchronous copies on a side stream, bounded in flight, prefetched in
 backward. "sync" (alias "legacy"): each copy completes before forward goes on, no prefetch: the
-lowest resident memory, and a baseline for debugging.
+lowest resident memory, and a baseline for debugging. "disk": each activation goes through a pinned
+staging buffer to a file in `disk_dir`, written and read back (ahead of need) by IO threads; files
+are removed as soon as autograd releases them, and in any case when the manager goes away.
+In "all" mode, a `disk_dir` together with `host_budget_bytes` makes tensors that would exceed the
+budget spill to disk instead of failing.
 """
+import os
+import tempfile
 from typing import Iterable, Optional
 
 import torch
@@ -12,7 +18,8 @@ import torch
 from ._ops import offload_restore, offload_save
 from .manager import OffloadManager
 
-MODE_ALIASES = {"all": "all", "true": "all", "sync": "sync", "legacy": "sync"}
+MODE_ALIASES = {"all": "all", "true": "all", "sync": "sync", "legacy": "sync", "disk": "disk"}
+DEFAULT_DISK_DIR = os.path.join(tempfile.gettempdir(), "torch_offload")
 
 
 def canonical_mode(mode) -> str:
@@ -81,8 +88,9 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
 
     Kept on the device: parameters, leaves that require grad and views of either, tensors sharing
     storage with a tensor in `keep` (apply() passes the model's parameters and buffers), tensors
-    smaller than `min_bytes`. Options: `max_in_flight` (copies in flight before forward blocks), `prefetch_depth`
-    (tensors copied back ahead of need in backward), `host_budget_bytes` (0 = unlimited), or a
+    smaller than `min_bytes`. Options: `max_in_flight` (copies in flight before forward blocks),
+    `prefetch_depth` (tensors copied back ahead of need in backward), `host_budget_bytes`
+    (0 = unlimited), `disk_dir` (the disk tier: where "disk" writes, where "all" spills), or a
     ready `manager`.
     """
 
@@ -96,15 +104,20 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         host_budget_bytes: int = 0,
         manager: Optional[object] = None,
         keep: Iterable[torch.Tensor] = (),
+        disk_dir: Optional[str] = None,
     ):
         self.mode = canonical_mode(mode)
         self.min_bytes = min_bytes
         if manager is None:
+            if self.mode == "disk" and disk_dir is None:
+                disk_dir = DEFAULT_DISK_DIR
             manager = OffloadManager(
                 max_in_flight=max_in_flight,
                 prefetch_depth=0 if self.mode == "sync" else prefetch_depth,
                 host_budget_bytes=host_budget_bytes,
                 synchronous=self.mode == "sync",
+                disk_dir=disk_dir or "",
+                disk_only=self.mode == "disk",
             )
         self.manager = manager
         manager_id = manager.id()

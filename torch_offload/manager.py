@@ -14,6 +14,8 @@ def OffloadManager(
     prefetch_depth: int = 1,
     host_budget_bytes: int = 0,
     synchronous: bool = False,
+    disk_dir: str = "",
+    disk_only: bool = False,
 ):
     """Creates a torch.classes.offload.OffloadManager.
 
@@ -21,9 +23,11 @@ def OffloadManager(
     prefetch_depth: earlier-saved tensors copied back ahead of need when one is restored.
     host_budget_bytes: most host memory the manager's buffer pool may hold (0 = unlimited).
     synchronous: every copy completes before offload_save returns; no prefetch ("sync" mode).
+    disk_dir: directory of the disk tier. With disk_only every tensor is written there ("disk"
+        mode); otherwise tensors that would exceed host_budget_bytes spill there.
     """
     return torch.classes.offload.OffloadManager(
-        max_in_flight, prefetch_depth, host_budget_bytes, synchronous
+        max_in_flight, prefetch_depth, host_budget_bytes, synchronous, str(disk_dir), disk_only
     )
 
 
