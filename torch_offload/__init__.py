@@ -7,6 +7,7 @@ from ._ops import offload_restore, offload_save
 from .activations import offload_activations
 from .apply import OffloadHandle, apply, find_blocks
 from .checkpoint import checkpoint
+from .compile import OffloadPartitioner, compile
 from .manager import OffloadManager, default_manager, stats
 
 library_path = load_library()
@@ -16,6 +17,8 @@ __all__ = [
     "OffloadManager",
     "apply",
     "checkpoint",
+    "compile",
+    "OffloadPartitioner",
     "default_manager",
     "find_blocks",
     "library_path",

@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""Benchmark and checks of torch_offload's `all`, `sync` and `disk` modes (every saved activation
+offloaded, no recompute) against no offloading and torch.autograd.graph.save_on_cpu.
+
+One process, one random-init LlamaForCausalLM (reference config of DESIGN.md, bf16, SDPA, batch 1):
+  1. pinned host<->device bandwidth, measured here (the transfer bound uses it);
+  2. per sequence length and variant: median step time, tokens/s, peak allocated / reserved GPU
+     memory, bytes moved each way per step, transfer bound = bytes_d2h/bw_d2h + bytes_h2d/bw_h2d
+     (forward only offloads, backward only restores, so the two phases add); target for `all`:
+     step <= 1.15 x max(step without offloading, transfer bound), reserved <= allocated + 1 GB;
+  3. gradients in bf16 with SDPA at --noise-seq: plain training run twice gives the noise floor
+     (relative L2 error of all parameter gradients); each mode's error against plain must be within it;
+  4. a soak of --soak-steps steps in `all` mode: GPU allocated/reserved and pinned host memory after
+     every step, which must stay flat after the first steps.
+
+GPU:       python3 benchmarks/bench_activations.py --out DIR
+CPU smoke: python benchmarks/bench_activations.py --device cpu --tiny --soak-steps 5
+"""
+import argparse
+import datetime
+import gc
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch_offload  # noqa: E402
+
+GB = 1e9
+REFERENCE = dict(layers=24, hidden=2048, intermediate=5632, heads=16, kv_heads=8, vocab=32000)
+TINY = dict(layers=3, hidden=128, intermediate=256, heads=4, kv_heads=2, vocab=512)
+OURS = ("all", "sync", "disk")
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seqs", default="4096,16384")
+    p.add_argument("--variants", default="none,save_on_cpu,all,sync,disk")
+    p.add_argument("--skip", default="disk@16384", help="variant@seq pairs not to run")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--noise-seq", type=int, default=4096)
+    p.add_argument("--soak-seq", type=int, default=2048)
+    p.add_argument("--soak-steps", type=int, default=200)
+    p.add_argument("--min-bytes", type=int, default=1 << 20)
+    p.add_argument("--disk-dir", default=None)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = p.parse_args()
+    args.config = TINY if args.tiny else REFERENCE
+    if args.tiny and "--seqs" not in sys.argv:
+        args.seqs, args.noise_seq, args.soak_seq = "64,128", 64, 64
+    args.seq_list = [int(s) for s in args.seqs.split(",")]
+    args.variant_list = args.variants.split(",")
+    args.skip_set = set(filter(None, args.skip.split(",")))
+    args.disk_dir = args.disk_dir or tempfile.mkdtemp(prefix="torch_offload_bench_")
+    return args
+
+
+def build_model(args):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = args.config
+    config = LlamaConfig(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["intermediate"],
+                         num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
+                         num_key_value_heads=c["kv_heads"], max_position_embeddings=max(args.seq_list + [args.noise_seq, args.soak_seq]),
+                         attn_implementation="sdpa", use_cache=False)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        model = LlamaForCausalLM(config).to(dtype)
+    return model.train()
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def pinned_bandwidth():
+    n = 1 << 30
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    out = {}
+    for name, dst, src in (("d2h", host, dev), ("h2d", dev, host)):
+        best = float("inf")
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t)
+        out[name + "_GBps"] = n / best / GB
+    del host, dev
+    torch.cuda.empty_cache()
+    return out
+
+
+def enable(model, variant, args):
+    """Returns (context factory for each step, OffloadHandle or None)."""
+    if variant == "none":
+        return (lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)), None
+    if variant == "save_on_cpu":
+        return (lambda: torch.autograd.graph.save_on_cpu(pin_memory=args.device == "cuda")), None
+    handle = torch_offload.apply(model, mode=variant, min_bytes=args.min_bytes, disk_dir=args.disk_dir if variant == "disk" else None)
+    return (lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)), handle
+
+
+def step(model, ids, ctx):
+    with ctx():
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return loss
+
+
+def run_variant(model, variant, seq, args):
+    ctx, handle = enable(model, variant, args)
+    ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
+    try:
+        for _ in range(args.warmup):
+            step(model, ids, ctx)
+        sync(args.device)
+        if handle is not None:
+            handle.manager.synchronize()
+            handle.manager.reset_stats()
+        if args.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(args.steps):
+            sync(args.device)
+            t = time.perf_counter()
+            step(model, ids, ctx)
+            sync(args.device)
+            times.append(time.perf_counter() - t)
+        row = {"variant": variant, "seq": seq, "step_s": statistics.median(times), "times_s": times}
+        row["tokens_per_s"] = seq / row["step_s"]
+        if args.device == "cuda":
+            row["peak_allocated_GB"] = torch.cuda.max_memory_allocated() / GB
+            row["peak_reserved_GB"] = torch.cuda.max_memory_reserved() / GB
+        if handle is not None:
+            handle.manager.synchronize()
+            stats = handle.stats()
+            row["stats"] = stats
+            row["d2h_GB_per_step"] = stats["bytes_to_host"] / args.steps / GB
+            row["h2d_GB_per_step"] = stats["bytes_to_device"] / args.steps / GB
+        return row
+    except torch.cuda.OutOfMemoryError:
+        return {"variant": variant, "seq": seq, "error": "OOM"}
+    finally:
+        if handle is not None:
+            handle.manager.empty_pool()
+            handle.remove()
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+            torch._C._host_emptyCache()
+
+
+def flat_grads(model):
+    return torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+
+
+def noise_floor(model, args):
+    """Relative L2 error of each mode's gradients against plain training, beside plain vs plain."""
+    ids = torch.randint(0, args.config["vocab"], (1, args.noise_seq), device=args.device)
+
+    def grads(variant):
+        ctx, handle = enable(model, variant, args)
+        try:
+            with ctx():
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            g = flat_grads(model)
+            model.zero_grad(set_to_none=True)
+            return g
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    plain_a, plain_b = grads("none"), grads("none")
+    norm = plain_a.norm().item()
+    result = {"seq": args.noise_seq, "dtype": str(next(model.parameters()).dtype),
+              "plain_vs_plain": (plain_b - plain_a).norm().item() / norm}
+    for mode in OURS:
+        g = grads(mode)
+        result[mode + "_vs_plain"] = max((g - plain_a).norm().item(), (g - plain_b).norm().item()) / norm
+        result[mode + "_bit_equal_to_a_plain_run"] = bool(torch.equal(g, plain_a) or torch.equal(g, plain_b))
+        result[mode + "_within_noise"] = result[mode + "_vs_plain"] <= max(2 * result["plain_vs_plain"], 0.0) or result[mode + "_bit_equal_to_a_plain_run"]
+    return result
+
+
+def soak(model, args):
+    ctx, handle = enable(model, "all", args)
+    ids = torch.randint(0, args.config["vocab"], (1, args.soak_seq), device=args.device)
+    series = {"allocated_GB": [], "reserved_GB": [], "host_in_use_GB": [], "host_cached_GB": [],
+              "host_allocations": [], "live_handles": []}
+    try:
+        for _ in range(args.soak_steps):
+            step(model, ids, ctx)
+            handle.manager.synchronize()
+            stats = handle.stats()
+            if args.device == "cuda":
+                series["allocated_GB"].append(torch.cuda.memory_allocated() / GB)
+                series["reserved_GB"].append(torch.cuda.memory_reserved() / GB)
+            series["host_in_use_GB"].append(stats["host_bytes_in_use"] / GB)
+            series["host_cached_GB"].append(stats["host_bytes_cached"] / GB)
+            series["host_allocations"].append(int(stats["host_allocations"]))
+            series["live_handles"].append(int(stats["live_handles"]))
+    finally:
+        handle.remove()
+    after = 3  # the first steps fill the caches
+    flat = {k: (max(v[after:]) - min(v[after:])) if len(v) > after else None for k, v in series.items()}
+    return {"seq": args.soak_seq, "steps": args.soak_steps, "series": series,
+            "spread_after_step_3": flat,
+            "flat": all(x == 0 for k, x in flat.items() if x is not None)}
+
+
+def markdown(result):
+    bw = result.get("bandwidth", {})
+    lines = [f"# all / sync / disk modes on {result['gpu']}", "", f"command: `{result['command']}`", "",
+             f"pinned bandwidth: D2H {bw.get('d2h_GBps', float('nan')):.1f} GB/s, H2D {bw.get('h2d_GBps', float('nan')):.1f} GB/s", "",
+             "| seq | variant | step s | tok/s | peak alloc GB | peak reserved GB | D2H GB/step | H2D GB/step | transfer bound s | step / max(none, bound) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        if "error" in r:
+            lines.append(f"| {r['seq']} | {r['variant']} | {r['error']} | | | | | | | |")
+            continue
+        f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r else "-"  # noqa: E731
+        lines.append(f"| {r['seq']} | {r['variant']} | {f('step_s', '{:.3f}')} | {f('tokens_per_s', '{:.0f}')} | "
+                     f"{f('peak_allocated_GB')} | {f('peak_reserved_GB')} | {f('d2h_GB_per_step')} | {f('h2d_GB_per_step')} | "
+                     f"{f('transfer_bound_s', '{:.3f}')} | {f('ratio_to_bound')} |")
+    n = result.get("noise")
+    if n:
+        lines += ["", f"Gradients at seq {n['seq']} ({n['dtype']}, SDPA), relative L2 error vs plain training: "
+                  f"plain vs plain {n['plain_vs_plain']:.3e}; " + "; ".join(
+                      f"{m} {n[m + '_vs_plain']:.3e} (within noise: {n[m + '_within_noise']})" for m in OURS)]
+    s = result.get("soak")
+    if s:
+        lines += ["", f"Soak: {s['steps']} steps of `all` at seq {s['seq']}: spread after step 3 = {s['spread_after_step_3']}; flat: {s['flat']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    args = parse_args()
+    result = {"command": " ".join(shlex.quote(a) for a in sys.argv), "date": datetime.datetime.now().isoformat(),
+              "torch": torch.__version__, "config": args.config, "runs": []}
+    result["gpu"] = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    name = "cpu" if args.device == "cpu" else result["gpu"].split()[-1].split("-")[0].lower().replace(" ", "")
+    if args.device == "cuda":
+        result["bandwidth"] = pinned_bandwidth()
+        log("bandwidth", result["bandwidth"])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = build_model(args)
+
+    def write():
+        (out / f"activations_{name}.json").write_text(json.dumps(result, indent=1))
+        (out / f"activations_{name}.md").write_text(markdown(result))
+
+    t0 = time.time()
+    result["noise"] = noise_floor(model, args)
+    log("noise", result["noise"], f"{time.time() - t0:.0f}s")
+    write()
+    for seq in args.seq_list:
+        none_step = None
+        for variant in args.variant_list:
+            if f"{variant}@{seq}" in args.skip_set:
+                continue
+            row = run_variant(model, variant, seq, args)
+            if variant == "none" and "step_s" in row:
+                none_step = row["step_s"]
+            if "d2h_GB_per_step" in row and "bandwidth" in result:
+                bw = result["bandwidth"]
+                row["transfer_bound_s"] = row["d2h_GB_per_step"] / bw["d2h_GBps"] + row["h2d_GB_per_step"] / bw["h2d_GBps"]
+                if none_step:
+                    row["ratio_to_bound"] = row["step_s"] / max(none_step, row["transfer_bound_s"])
+                if "peak_reserved_GB" in row:
+                    row["reserved_minus_allocated_GB"] = row["peak_reserved_GB"] - row["peak_allocated_GB"]
+            result["runs"].append(row)
+            log({k: v for k, v in row.items() if k not in ("stats", "times_s")}, f"{time.time() - t0:.0f}s")
+            write()
+    result["soak"] = soak(model, args)
+    log("soak", result["soak"]["spread_after_step_3"], result["soak"]["flat"], f"{time.time() - t0:.0f}s")
+    write()
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
