@@ -19,6 +19,9 @@
 #   BENCH_VARIANTS=none,ckpt,save_on_cpu,ours   (hf_offload is also available)
 #   BENCH_VARIANT_BUDGET_S=30      per (variant, seq) run, warm-up included: fewer steps at long seqs
 #   BENCH_ARGS="..."               extra arguments for bench_hidden_states.py (e.g. "--steps 10")
+#   BENCHES="hidden_states"        benchmarks to run, from: hidden_states activations compile
+#   ACT_ARGS="..."                 extra arguments for bench_activations.py / bench_compile.py
+#   BENCH_TIMEOUT_S=560            limit for each of those two
 #   TOTAL_BUDGET_S=540             the whole script's time target
 #   SKIP_TESTS=1                   build the library only; no ctest, no pytest
 #   SKIP_BENCH=1                   no benchmark
@@ -99,8 +102,12 @@ BUILD_LOG="$OUTDIR/build.log"
 TESTS_FLAG=ON
 [ "$SKIP_TESTS" = 1 ] && TESTS_FLAG=OFF
 PREFIX=$("$PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')
+GTEST_ARGS=()
+# GoogleTest may not be installed there: sources carried in .gtest-src are built instead.
+[ -d .gtest-src ] && GTEST_ARGS=(-DTORCH_OFFLOAD_GTEST_SOURCE_DIR="$REPO/.gtest-src")
 configure() {
-  cmake -S . -B build -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" -DTORCH_OFFLOAD_BUILD_TESTS="$1"
+  cmake -S . -B build -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" -DTORCH_OFFLOAD_BUILD_TESTS="$1" \
+    ${GTEST_ARGS[@]+"${GTEST_ARGS[@]}"}
 }
 rc=0
 configure "$TESTS_FLAG" >"$BUILD_LOG" 2>&1 || rc=$?
@@ -178,28 +185,44 @@ else
   phase_end $rc "$(grep -E '^offloading kept' "$BENCH_LOG" | tail -n 1)"
 fi
 
-# ---------------------------------------------------------------- benchmark
-if [ "$SKIP_BENCH" = 1 ]; then
-  echo "bench   skipped         SKIP_BENCH=1" >>"$SUMMARY"
-else
-  phase_start bench
-  left=$(( TOTAL_BUDGET_S - ($(now) - T0) - 15 ))
-  [ $left -lt 90 ] && left=90  # always try at least the smallest sequence length
-  read -r -a extra <<<"${BENCH_ARGS:-}"
-  echo "===== benchmarks/bench_hidden_states.py (deadline ${left}s)" >>"$BENCH_LOG"
+# ---------------------------------------------------------------- benchmarks
+# BENCHES picks the benchmarks (space-separated): hidden_states activations compile.
+for bench in ${BENCHES:-hidden_states}; do
+  if [ "$SKIP_BENCH" = 1 ]; then
+    echo "bench   skipped         SKIP_BENCH=1" >>"$SUMMARY"
+    break
+  fi
+  phase_start "$bench"
   rc=0
-  timeout -k 10 $(( left + 90 )) "$PY" benchmarks/bench_hidden_states.py \
-    --seqs "$BENCH_SEQS" --skip "$BENCH_SKIP" --variants "$BENCH_VARIANTS" \
-    --variant-budget-s "$BENCH_VARIANT_BUDGET_S" --deadline-s "$left" --out "$OUTDIR" \
-    ${extra[@]+"${extra[@]}"} 2>&1 | tee -a "$BENCH_LOG" || rc=$?
-  phase_end $rc "$(cd "$OUTDIR" && find . -maxdepth 1 -name 'hidden_states_*' -printf '%f ')"
+  echo "===== benchmarks/bench_${bench}.py" >>"$BENCH_LOG"
+  case "$bench" in
+    hidden_states)
+      left=$(( TOTAL_BUDGET_S - ($(now) - T0) - 15 ))
+      [ $left -lt 90 ] && left=90  # always try at least the smallest sequence length
+      read -r -a extra <<<"${BENCH_ARGS:-}"
+      timeout -k 10 $(( left + 90 )) "$PY" benchmarks/bench_hidden_states.py \
+        --seqs "$BENCH_SEQS" --skip "$BENCH_SKIP" --variants "$BENCH_VARIANTS" \
+        --variant-budget-s "$BENCH_VARIANT_BUDGET_S" --deadline-s "$left" --out "$OUTDIR" \
+        ${extra[@]+"${extra[@]}"} 2>&1 | tee -a "$BENCH_LOG" || rc=$?
+      ;;
+    activations | compile)
+      read -r -a extra <<<"${ACT_ARGS:-}"
+      timeout -k 10 "${BENCH_TIMEOUT_S:-560}" "$PY" "benchmarks/bench_${bench}.py" --out "$OUTDIR" \
+        ${extra[@]+"${extra[@]}"} 2>&1 | tee -a "$BENCH_LOG" || rc=$?
+      ;;
+    *)
+      echo "unknown benchmark $bench" | tee -a "$BENCH_LOG"
+      rc=2
+      ;;
+  esac
+  phase_end $rc "$(cd "$OUTDIR" && find . -maxdepth 1 -name "${bench}_*" -printf '%f ')"
   [ $rc != 0 ] && show_tail "$BENCH_LOG" 30
-fi
+done
 
 # ---------------------------------------------------------------- summary
 {
   echo
-  for md in "$OUTDIR"/hidden_states_*.md; do
+  for md in "$OUTDIR"/*.md; do
     [ -f "$md" ] && cat "$md"
   done
   echo "total $(( $(now) - T0 ))s"
