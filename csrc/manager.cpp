@@ -154,13 +154,20 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
   device = with_index(device);
   DeviceTransfer* transfer = transfer_for(device);
   std::unique_lock<std::mutex> lock(mutex_);
-  auto it = entries_.find(handle.data_ptr());
-  if (it == entries_.end() || it->second.host_view.sizes() != handle.sizes() ||
-      it->second.host_view.dtype() != handle.dtype()) {
-    // Not one of our live handles (a copy or a view of one, or any host tensor): restoring it is a
-    // plain copy to `device`, queued on the current stream.
+  // Handles are found by their buffer (the storage's base), so views of a handle are recognised too.
+  auto it = entries_.find(handle.storage().data());
+  const bool is_handle = it != entries_.end() && handle.storage_offset() == 0 &&
+                         it->second.host_view.sizes() == handle.sizes() &&
+                         it->second.host_view.strides() == handle.strides() &&
+                         it->second.host_view.dtype() == handle.dtype();
+  if (!is_handle) {
+    // A view of a handle (its transpose, a slice), a copy of one, or any host tensor: restoring it
+    // is a plain copy to `device`, once the handle's own copy has landed in host memory.
+    const FencePtr landed = it != entries_.end() ? it->second.to_host_done : nullptr;
     counters_.restores++;
     counters_.bytes_to_device += static_cast<int64_t>(handle.nbytes());
+    lock.unlock();
+    if (landed) landed->synchronize();
     return handle.to(device, /*non_blocking=*/false, /*copy=*/true);
   }
   Entry& entry = it->second;

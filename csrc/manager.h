@@ -116,6 +116,7 @@ class Manager : public std::enable_shared_from_this<Manager> {
   std::string disk_error_;  // first failed write, reported by the next save
 
   DeferredReleaser releaser_;  // last member: destroyed first, so it drains while all else lives
+
 };
 
 }  // namespace torch_offload

@@ -10,6 +10,9 @@ import torch_offload
 from conftest import DEVICES
 from test_models import _deterministic_attention, _tiny_llama
 
+# One layer boundary of the tiny Llama at batch 2 x 32 tokens (fp32): the size threshold that keeps
+# smaller checkpoint inputs (the attention mask on CUDA, scalars) resident.
+BOUNDARY_BYTES = 2 * 32 * 64 * 4
 _SAVE = torch.ops.offload.offload_save.default
 _RESTORE = torch.ops.offload.offload_restore.default
 
@@ -52,8 +55,8 @@ def test_compiled_matches_eager_bit_for_bit(device, mode):
     base = _tiny_llama(device, dropout=0.0)
     eager = copy.deepcopy(base)
     eager.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    compiled = torch_offload.compile(copy.deepcopy(base), mode, min_bytes=0, fullgraph=True,
-                                     backend="aot_eager")
+    compiled = torch_offload.compile(copy.deepcopy(base), mode, min_bytes=BOUNDARY_BYTES,
+                                     fullgraph=True, backend="aot_eager")
     ids = torch.randint(0, 256, (2, 32), device=device)
     for _ in range(2):
         loss_e, grads_e = _grads(eager, ids, device)
@@ -78,7 +81,8 @@ def test_inductor_hidden_states_matches_compiled_checkpointing(device):
     reference = copy.deepcopy(base)
     reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     reference = torch.compile(reference, fullgraph=True)
-    compiled = torch_offload.compile(copy.deepcopy(base), "hidden_states", min_bytes=0, fullgraph=True)
+    compiled = torch_offload.compile(copy.deepcopy(base), "hidden_states", min_bytes=BOUNDARY_BYTES,
+                                     fullgraph=True)
     ids = torch.randint(0, 256, (2, 32), device=device)
     loss_r, grads_r = _grads(reference, ids, device)
     loss_c, grads_c = _grads(compiled, ids, device)
