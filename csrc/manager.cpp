@@ -91,50 +91,74 @@ at::Tensor Manager::save(const at::Tensor& x) {
   if (!block) return save_to_disk(x, src, transfer);
 
   at::Tensor handle = make_handle(*block, src);
-  auto [done, host_wait_ms] = copy_to_host(src, handle, transfer);
+  const ToHostCopy copy = copy_to_host(src, handle, transfer);
   Entry entry;
   entry.host_view = at::from_blob(block->ptr, src.sizes(), handle.options());
   std::lock_guard<std::mutex> lock(mutex_);
-  add_entry_locked(block->ptr, std::move(entry), x, done, host_wait_ms);
+  add_entry_locked(block->ptr, std::move(entry), x, copy);
   return handle;
 }
 
-std::pair<FencePtr, double> Manager::copy_to_host(const at::Tensor& src, const at::Tensor& dst,
-                                                  DeviceTransfer* transfer) {
-  if (src.nbytes() == 0) return {nullptr, 0.0};
+Manager::ToHostCopy Manager::copy_to_host(const at::Tensor& src, const at::Tensor& dst,
+                                          DeviceTransfer* transfer) {
+  ToHostCopy copy;
+  if (src.nbytes() == 0) return copy;
   if (transfer == nullptr) {
     dst.copy_(src);
-    return {nullptr, 0.0};
+    return copy;
   }
   if (config_.synchronous) {
-    FencePtr done = transfer->copy_to_host(src, dst);
-    done->synchronize();  // the source is released when the caller drops it
-    return {done, 0.0};
+    copy.done = transfer->copy_to_host(src, dst);
+    copy.done->synchronize();  // the source is released when the caller drops it
+    return copy;
   }
-  const double waited = releaser_.wait_in_flight_below(config_.max_in_flight);
-  FencePtr done = transfer->copy_to_host(src, dst);
+  copy.host_wait_ms = releaser_.wait_in_flight_below(config_.max_in_flight);
+  copy.done = transfer->copy_to_host(src, dst);
   // The source stays alive until the copy has read it; then its memory returns to the compute
   // stream's pool. No record_stream needed.
-  releaser_.release_after([done] { done->synchronize(); }, [src] {}, /*counts_in_flight=*/true);
-  return {done, waited};
+  copy.source = std::make_shared<SourceSlot>(src);
+  FencePtr done = copy.done;
+  std::shared_ptr<SourceSlot> source = copy.source;
+  releaser_.release_after([done] { done->synchronize(); }, [source] { source->release(); },
+                          /*counts_in_flight=*/true);
+  return copy;
 }
 
 void Manager::add_entry_locked(const void* key, Entry entry, const at::Tensor& x,
-                               const FencePtr& done, double host_wait_ms) {
+                               const ToHostCopy& copy) {
   entry.source_device = with_index(x.device());
   entry.nbytes = x.nbytes();
   if (x.unsafeGetTensorImpl()->version_counter().enabled()) {
     entry.version_counter = x.unsafeGetTensorImpl()->version_counter();
     entry.saved_version = entry.version_counter.current_version();
   }
-  entry.to_host_done = done;
-  entry.last_fence = done;
+  entry.to_host_done = copy.done;
+  entry.last_fence = copy.done;
+  entry.source = copy.source;
   save_order_.push_back(key);
   entry.order_pos = std::prev(save_order_.end());
   entries_.emplace(key, std::move(entry));
   counters_.saves++;
   counters_.bytes_to_host += static_cast<int64_t>(x.nbytes());
-  counters_.host_wait_ms += host_wait_ms;
+  counters_.host_wait_ms += copy.host_wait_ms;
+}
+
+void Manager::finish_save(const at::Tensor& handle) {
+  std::shared_ptr<SourceSlot> source;
+  FencePtr done;
+  c10::Device device(c10::kCPU);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(handle.storage().data());
+    if (it == entries_.end() || !it->second.source) return;  // nothing held (CPU, synchronous)
+    source = std::move(it->second.source);
+    it->second.source = nullptr;
+    done = it->second.to_host_done;
+    device = it->second.source_device;
+  }
+  DeviceTransfer* transfer = transfer_for(device);
+  if (transfer != nullptr && done) transfer->compute_waits_for(done, device);
+  source->release();
 }
 
 void Manager::check_unmodified(const Entry& entry) const {

@@ -22,6 +22,23 @@
 
 namespace torch_offload {
 
+// Holds the device tensor a device-to-host copy reads. Whoever learns first that the copy can no
+// longer touch it (the background releaser, or finish_save in stream order) empties it.
+class SourceSlot {
+ public:
+  explicit SourceSlot(at::Tensor t) : tensor_(std::move(t)) {}
+  void release() {
+    at::Tensor dropped;
+    std::lock_guard<std::mutex> lock(mutex_);
+    dropped = std::move(tensor_);
+    tensor_ = at::Tensor();
+  }
+
+ private:
+  std::mutex mutex_;
+  at::Tensor tensor_;
+};
+
 class Manager : public std::enable_shared_from_this<Manager> {
  public:
   // `transfer` replaces the CUDA transfer for every device, CPU included (tests use it to drive the
@@ -39,6 +56,12 @@ class Manager : public std::enable_shared_from_this<Manager> {
   at::Tensor save(const at::Tensor& x);
   // Returns the saved tensor on `device`, ready for use on the current (compute) stream.
   at::Tensor restore(const at::Tensor& handle, c10::Device device);
+  // Makes the current stream wait for the handle's device-to-host copy and releases the device
+  // source now. The background releaser frees sources in host order, and the host runs ahead of
+  // the GPU, so the allocator would still count sources whose copies the GPU has not reached;
+  // waiting in stream order lets their memory be reused at once (the wait costs nothing when the
+  // copy is done, as it is at the end of the layer that saved it).
+  void finish_save(const at::Tensor& handle);
 
   OffloadStats stats();
   void reset_stats();
@@ -61,6 +84,7 @@ class Manager : public std::enable_shared_from_this<Manager> {
     c10::VariableVersion version_counter;  // disabled unless the source had one
     uint32_t saved_version = 0;
     FencePtr to_host_done;  // null when the copy was synchronous
+    std::shared_ptr<SourceSlot> source;  // the device source while its copy may still read it
     FencePtr last_fence;    // latest queued copy that touches the buffer
     at::Tensor prefetched;  // device copy started ahead of the restore
     FencePtr prefetch_done;
@@ -85,11 +109,14 @@ class Manager : public std::enable_shared_from_this<Manager> {
   void check_unmodified(const Entry& entry) const;
   void prefetch_before_locked(const Entry& restored, c10::Device device, DeviceTransfer* transfer);
 
-  // Copies src into dst (bounded in flight, or synchronously); returns the fence and host wait.
-  std::pair<FencePtr, double> copy_to_host(const at::Tensor& src, const at::Tensor& dst,
-                                           DeviceTransfer* transfer);
-  void add_entry_locked(const void* key, Entry entry, const at::Tensor& x, const FencePtr& done,
-                        double host_wait_ms);
+  struct ToHostCopy {
+    FencePtr done;  // null when the copy was synchronous
+    double host_wait_ms = 0.0;
+    std::shared_ptr<SourceSlot> source;  // set while an asynchronous copy may read the source
+  };
+  // Copies src into dst (bounded in flight, or synchronously).
+  ToHostCopy copy_to_host(const at::Tensor& src, const at::Tensor& dst, DeviceTransfer* transfer);
+  void add_entry_locked(const void* key, Entry entry, const at::Tensor& x, const ToHostCopy& copy);
 
   // Disk tier (manager_disk.cpp).
   at::Tensor save_to_disk(const at::Tensor& x, const at::Tensor& src, DeviceTransfer* transfer);

@@ -28,12 +28,10 @@ at::Tensor Manager::save_to_disk(const at::Tensor& x, const at::Tensor& src,
     pending_writes_++;
   }
   HostBlock staging;
-  FencePtr done;
-  double host_wait_ms = 0.0;
+  ToHostCopy copy;
   try {
     staging = staging_pool_->acquire(nbytes);
-    std::tie(done, host_wait_ms) =
-        copy_to_host(src, at::from_blob(staging.ptr, src.sizes(), options), transfer);
+    copy = copy_to_host(src, at::from_blob(staging.ptr, src.sizes(), options), transfer);
   } catch (...) {
     std::lock_guard<std::mutex> lock(mutex_);
     pending_writes_--;
@@ -65,8 +63,10 @@ at::Tensor Manager::save_to_disk(const at::Tensor& x, const at::Tensor& src,
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!config_.disk_only) counters_.spills++;
-    add_entry_locked(key, std::move(entry), x, done, waited_ms + host_wait_ms);
+    copy.host_wait_ms += waited_ms;
+    add_entry_locked(key, std::move(entry), x, copy);
   }
+  FencePtr done = copy.done;
   disk_->write_async(
       file_id, [done] { if (done) done->synchronize(); }, staging.ptr, nbytes,
       [this, key](const std::string& error) {

@@ -18,6 +18,7 @@ TORCH_LIBRARY(offload, m) {
       .def("stats", &OffloadManager::stats)
       .def("reset_stats", &OffloadManager::reset_stats)
       .def("synchronize", &OffloadManager::synchronize)
+      .def("finish_save", &OffloadManager::finish_save)
       .def("empty_pool", &OffloadManager::empty_pool)
       .def("max_in_flight", &OffloadManager::max_in_flight)
       .def("prefetch_depth", &OffloadManager::prefetch_depth)
