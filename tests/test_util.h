@@ -1,0 +1,57 @@
+#pragma once
+// Small helpers shared by the test files.
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+
+#include "csrc/manager_config.h"
+
+namespace torch_offload::testing {
+
+// Long enough for a wrongly unblocked waiter to have returned; short enough to keep tests fast.
+constexpr std::chrono::milliseconds kSettle{100};
+
+// The message of the c10::Error `fn` throws; fails the test when it throws nothing.
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  ADD_FAILURE() << "expected a c10::Error";
+  return "";
+}
+
+template <typename T>
+bool finishes_within(std::future<T>& f,
+                     std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) {
+  return f.wait_for(timeout) == std::future_status::ready;
+}
+
+// Polls `cond` (something a background thread makes true) for up to 10 s.
+template <typename Cond>
+bool eventually(Cond&& cond) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// A ManagerConfig with the fields these tests care about; everything else keeps its default.
+inline ManagerConfig make_config(int64_t max_in_flight, int64_t prefetch_depth = 1,
+                                 int64_t host_budget_bytes = 0) {
+  ManagerConfig config;
+  config.max_in_flight = max_in_flight;
+  config.prefetch_depth = prefetch_depth;
+  config.host_budget_bytes = host_budget_bytes;
+  return config;
+}
+
+}  // namespace torch_offload::testing
