@@ -53,6 +53,7 @@ def parse_args():
     p.add_argument("--soak-seq", type=int, default=2048)
     p.add_argument("--soak-steps", type=int, default=200)
     p.add_argument("--min-bytes", type=int, default=1 << 20)
+    p.add_argument("--no-noise", action="store_true", help="skip the bf16 gradient noise-floor check")
     p.add_argument("--disk-dir", default=None)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--tiny", action="store_true")
@@ -270,9 +271,10 @@ def main():
         (out / f"activations_{name}.md").write_text(markdown(result))
 
     t0 = time.time()
-    result["noise"] = noise_floor(model, args)
-    log("noise", result["noise"], f"{time.time() - t0:.0f}s")
-    write()
+    if not args.no_noise:
+        result["noise"] = noise_floor(model, args)
+        log("noise", result["noise"], f"{time.time() - t0:.0f}s")
+        write()
     for seq in args.seq_list:
         none_step = None
         for variant in args.variant_list:
