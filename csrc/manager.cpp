@@ -1,5 +1,7 @@
 #include "manager.h"
 
+#include <tuple>
+
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -88,6 +90,7 @@ at::Tensor Manager::save(const at::Tensor& x) {
     // Without a disk tier an over-budget request throws here, before anything changed.
     block = disk_ ? pool_->try_acquire(src.nbytes()) : pool_->acquire(src.nbytes());
   }
+  if (config_.release_sources_on_save) finish_all_saves();
   if (!block) return save_to_disk(x, src, transfer);
 
   at::Tensor handle = make_handle(*block, src);
@@ -141,6 +144,23 @@ void Manager::add_entry_locked(const void* key, Entry entry, const at::Tensor& x
   counters_.saves++;
   counters_.bytes_to_host += static_cast<int64_t>(x.nbytes());
   counters_.host_wait_ms += copy.host_wait_ms;
+}
+
+void Manager::finish_all_saves() {
+  std::vector<std::tuple<std::shared_ptr<SourceSlot>, FencePtr, c10::Device>> held;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [key, entry] : entries_) {
+      if (!entry.source) continue;
+      held.emplace_back(std::move(entry.source), entry.to_host_done, entry.source_device);
+      entry.source = nullptr;
+    }
+  }
+  for (auto& [source, done, device] : held) {
+    DeviceTransfer* transfer = transfer_for(device);
+    if (transfer != nullptr && done) transfer->compute_waits_for(done, device);
+    source->release();
+  }
 }
 
 void Manager::finish_save(const at::Tensor& handle) {

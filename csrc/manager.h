@@ -62,6 +62,8 @@ class Manager : public std::enable_shared_from_this<Manager> {
   // waiting in stream order lets their memory be reused at once (the wait costs nothing when the
   // copy is done, as it is at the end of the layer that saved it).
   void finish_save(const at::Tensor& handle);
+  // finish_save for every handle whose source is still held.
+  void finish_all_saves();
 
   OffloadStats stats();
   void reset_stats();

@@ -21,6 +21,11 @@ struct ManagerConfig {
   std::string disk_dir;
   bool disk_only = false;
   int64_t io_threads = 2;
+  // Each save first makes the compute stream wait for the copies of earlier saves and releases
+  // their sources in stream order. For saves a layer apart (checkpoint boundaries, compiled graphs
+  // whose host runs far ahead of the GPU) the wait is free and the memory is reusable at once;
+  // for saves a few kernels apart ("all" mode) it would stall, so it is off by default.
+  bool release_sources_on_save = false;
 };
 
 }  // namespace torch_offload

@@ -16,11 +16,12 @@ namespace torch_offload {
 class OffloadManager : public torch::CustomClassHolder {
  public:
   // Pickled configuration: {max_in_flight, prefetch_depth, host_budget_bytes, synchronous,
-  // disk_only} and disk_dir.
+  // disk_only, release_sources_on_save} and disk_dir.
   using State = std::tuple<std::vector<int64_t>, std::string>;
 
   OffloadManager(int64_t max_in_flight, int64_t prefetch_depth, int64_t host_budget_bytes,
-                 bool synchronous = false, std::string disk_dir = "", bool disk_only = false);
+                 bool synchronous = false, std::string disk_dir = "", bool disk_only = false,
+                 bool release_sources_on_save = false);
 
   int64_t id() const { return manager_->id(); }
   c10::Dict<std::string, double> stats() const;
@@ -34,6 +35,7 @@ class OffloadManager : public torch::CustomClassHolder {
   bool synchronous() const { return manager_->config().synchronous; }
   std::string disk_dir() const { return manager_->config().disk_dir; }
   bool disk_only() const { return manager_->config().disk_only; }
+  bool release_sources_on_save() const { return manager_->config().release_sources_on_save; }
   // Test hook: make the disk tier's next writes fail with ENOSPC.
   void simulate_full_disk(bool full);
 

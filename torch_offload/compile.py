@@ -140,7 +140,9 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
     the manager (`.offload_partitioner.manager.stats()`). Other keyword arguments (fullgraph=True,
     dynamic=...) go to torch.compile.
     """
-    manager = manager if manager is not None else OffloadManager()
+    # Compiled graphs launch far ahead of the GPU: earlier sources are released in stream order at
+    # each save, or the allocator would still count them all at the forward's peak.
+    manager = manager if manager is not None else OffloadManager(release_sources_on_save=True)
     partitioner = OffloadPartitioner(manager, mode, min_bytes)
     if mode == "hidden_states":
         _enable_checkpointing(model, blocks)

@@ -16,6 +16,7 @@ def OffloadManager(
     synchronous: bool = False,
     disk_dir: str = "",
     disk_only: bool = False,
+    release_sources_on_save: bool = False,
 ):
     """Creates a torch.classes.offload.OffloadManager.
 
@@ -25,9 +26,12 @@ def OffloadManager(
     synchronous: every copy completes before offload_save returns; no prefetch ("sync" mode).
     disk_dir: directory of the disk tier. With disk_only every tensor is written there ("disk"
         mode); otherwise tensors that would exceed host_budget_bytes spill there.
+    release_sources_on_save: each save releases the device sources of earlier saves in stream
+        order (free when saves are a layer apart; used by torch_offload.compile).
     """
     return torch.classes.offload.OffloadManager(
-        max_in_flight, prefetch_depth, host_budget_bytes, synchronous, str(disk_dir), disk_only
+        max_in_flight, prefetch_depth, host_budget_bytes, synchronous, str(disk_dir), disk_only,
+        release_sources_on_save,
     )
 
 
