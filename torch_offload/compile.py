@@ -100,7 +100,10 @@ class OffloadPartitioner(CustomPartitionerFn):
             if not self._selected(saved, placeholder) or not placeholder.users:
                 continue
             val = saved.meta["val"]
-            with fwd.graph.inserting_before(fwd_out):
+            # Right after the saved value: an extern kernel's input is materialised where it runs,
+            # so inductor cannot defer the boundary (and keep what it is computed from alive) to
+            # one fused kernel at the end of the forward.
+            with fwd.graph.inserting_after(saved):
                 handle = fwd.graph.call_function(_SAVE, (saved, manager_id))
             handle.meta["val"] = _fake_like(val, "cpu")
             outputs[index] = handle
