@@ -242,3 +242,39 @@ def test_over_budget_without_disk_is_a_clear_error():
         with hooks:
             net(torch.randn(32, 64))
     assert hooks.stats()["live_handles"] == 0
+
+
+def test_dtensor_local_shards_are_offloaded():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not dist.is_available():
+        pytest.skip("torch built without distributed")
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        torch.manual_seed(0)
+        w = torch.randn(16, 16)
+        x = torch.randn(8, 16)
+
+        def fn(weight, inp):
+            h = torch.tanh(inp @ weight)  # saves h (a DTensor) for tanh's backward
+            return (h * h).sum()
+
+        ref_w = w.clone().requires_grad_()
+        fn(ref_w, x).backward()
+        dw = DTensor.from_local(w.clone(), mesh, [Replicate()]).requires_grad_()
+        dx = DTensor.from_local(x.clone(), mesh, [Shard(0)])
+        hooks = torch_offload.offload_activations("all", min_bytes=0)
+        with hooks:
+            loss = fn(dw, dx)
+        assert hooks.stats()["saves"] > 0
+        loss.backward()
+        assert torch.equal(dw.grad.to_local(), ref_w.grad)
+        assert hooks.stats()["saves"] == hooks.stats()["restores"]
+    finally:
+        if owns_group:
+            dist.destroy_process_group()

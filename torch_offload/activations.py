@@ -16,6 +16,11 @@ from typing import Iterable, Optional
 import torch
 
 from ._ops import offload_restore, offload_save
+
+try:  # DTensor (tensor parallel / FSDP2 shards): offload the local shard, rebuild on restore
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch built without distributed
+    DTensor = None
 from .manager import OffloadManager
 
 MODE_ALIASES = {"all": "all", "true": "all", "sync": "sync", "legacy": "sync", "disk": "disk"}
@@ -34,15 +39,17 @@ def canonical_mode(mode) -> str:
 
 class _Packed:
     """What autograd keeps instead of an offloaded tensor: the host handle plus how to rebuild the
-    original view (same sizes and strides) from the contiguous copy."""
+    original view (same sizes and strides) from the contiguous copy, and for a DTensor its mesh,
+    placements and global shape (only the local shard is offloaded)."""
 
-    __slots__ = ("handle", "device", "permutation", "expanded_sizes")
+    __slots__ = ("handle", "device", "permutation", "expanded_sizes", "dtensor_spec")
 
-    def __init__(self, handle, device, permutation, expanded_sizes):
+    def __init__(self, handle, device, permutation, expanded_sizes, dtensor_spec=None):
         self.handle = handle
         self.device = device
         self.permutation = permutation
         self.expanded_sizes = expanded_sizes
+        self.dtensor_spec = dtensor_spec
 
 
 def _compact(t: torch.Tensor):
@@ -75,6 +82,10 @@ def _rebuild(restored: torch.Tensor, packed: _Packed) -> torch.Tensor:
     if packed.expanded_sizes is not None:
         restored = restored.expand(packed.expanded_sizes)
     return restored
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return DTensor is not None and isinstance(t, DTensor)
 
 
 def _is_weight(t: torch.Tensor) -> bool:
@@ -126,6 +137,15 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         kept_storages = {t.untyped_storage().data_ptr() for t in keep}
 
         def pack(t: torch.Tensor):
+            if _is_dtensor(t):
+                if _is_weight(t):
+                    return t
+                local = t.to_local()
+                packed = pack(local)
+                if isinstance(packed, torch.Tensor):
+                    return t  # the shard stays (small, or a weight)
+                packed.dtensor_spec = (t.device_mesh, t.placements, t.shape, t.stride())
+                return packed
             if (
                 t.numel() * t.element_size() < min_bytes
                 or t.layout != torch.strided
@@ -139,8 +159,12 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         def unpack(packed):
             if isinstance(packed, torch.Tensor):
                 return packed
-            restored = offload_restore(packed.handle, packed.device, manager_id)
-            return _rebuild(restored, packed)
+            restored = _rebuild(offload_restore(packed.handle, packed.device, manager_id), packed)
+            if packed.dtensor_spec is not None:
+                mesh, placements, shape, stride = packed.dtensor_spec
+                restored = DTensor.from_local(restored, mesh, placements, run_check=False,
+                                              shape=shape, stride=stride)
+            return restored
 
         super().__init__(pack, unpack)
 
