@@ -3,12 +3,15 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdint>
 
 namespace torch_offload {
 namespace {
 
 size_t round_up(size_t bytes) {
   const size_t g = HostBufferPool::kGranularity;
+  TORCH_CHECK(bytes <= SIZE_MAX - g, "torch_offload: cannot offload ", static_cast<double>(bytes),
+              " bytes");
   return bytes == 0 ? g : (bytes + g - 1) / g * g;
 }
 
