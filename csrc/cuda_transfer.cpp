@@ -59,8 +59,8 @@ class CudaTransfer final : public DeviceTransfer {
     const Streams& streams = streams_for(index);
     // Allocated while the compute stream is current: the block belongs to the compute stream's
     // pool, so freeing it later needs no record_stream.
-    at::Tensor out = at::empty(host.sizes(), host.options().device(c10::Device(c10::kCUDA, index))
-                                                 .pinned_memory(false));
+    at::Tensor out = at::empty(
+        host.sizes(), host.options().device(c10::Device(c10::kCUDA, index)).pinned_memory(false));
     at::cuda::CUDAEvent allocated;
     allocated.record(at::cuda::getCurrentCUDAStream(index));
     allocated.block(streams.to_device);
@@ -91,8 +91,8 @@ class CudaTransfer final : public DeviceTransfer {
 
   double compute_wait_ms() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<std::pair<std::shared_ptr<at::cuda::CUDAEvent>,
-                          std::shared_ptr<at::cuda::CUDAEvent>>>
+    std::vector<
+        std::pair<std::shared_ptr<at::cuda::CUDAEvent>, std::shared_ptr<at::cuda::CUDAEvent>>>
         still_pending;
     for (auto& [start, end] : pending_waits_) {
       if (end->query()) {

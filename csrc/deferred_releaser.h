@@ -26,7 +26,8 @@ class DeferredReleaser {
   // quantity that wait_in_flight_below bounds.
   void release_after(Fence fence, Payload payload, bool counts_in_flight);
 
-  // Blocks the caller until fewer than `limit` counted items are pending; returns milliseconds waited.
+  // Blocks the caller until fewer than `limit` counted items are pending; returns milliseconds
+  // waited.
   double wait_in_flight_below(int64_t limit);
   // Blocks until every pending item has been released.
   void drain();

@@ -27,8 +27,7 @@ class DeviceTransfer {
   virtual FencePtr copy_to_host(const at::Tensor& src, const at::Tensor& dst) = 0;
   // Allocates the result on `device`'s compute stream (memory from a side stream's pool would stay
   // there) and queues result <- `host` on the host-to-device stream after `ready` (the D2H fence).
-  virtual std::pair<at::Tensor, FencePtr> copy_to_device(const at::Tensor& host,
-                                                         c10::Device device,
+  virtual std::pair<at::Tensor, FencePtr> copy_to_device(const at::Tensor& host, c10::Device device,
                                                          const FencePtr& ready) = 0;
   // Makes `device`'s compute stream wait for `fence` without blocking the host.
   virtual void compute_waits_for(const FencePtr& fence, c10::Device device) = 0;

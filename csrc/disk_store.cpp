@@ -27,7 +27,8 @@ std::string write_file(const std::string& path, const void* data, size_t size) {
       const int err = n < 0 ? errno : ENOSPC;
       ::close(fd);
       ::unlink(path.c_str());
-      return "writing " + std::to_string(size) + " bytes to " + path + " failed: " + errno_text(err);
+      return "writing " + std::to_string(size) + " bytes to " + path +
+             " failed: " + errno_text(err);
     }
     p += n;
     left -= static_cast<size_t>(n);

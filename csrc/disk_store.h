@@ -28,7 +28,8 @@ class DiskStore {
   // Allocates a new file id (no IO yet).
   int64_t new_file();
   // After `ready()` returns, writes `size` bytes at `data` into file `id`.
-  void write_async(int64_t id, std::function<void()> ready, const void* data, size_t size, Done done);
+  void write_async(int64_t id, std::function<void()> ready, const void* data, size_t size,
+                   Done done);
   // Reads `size` bytes of file `id` into `data`.
   void read_async(int64_t id, void* data, size_t size, Done done);
   // Deletes file `id` (no error if it was never written).

@@ -58,8 +58,8 @@ std::optional<HostBlock> HostBufferPool::acquire_locked(size_t bytes, bool throw
                 " bytes of host memory, over host_budget_bytes=", budget_bytes_,
                 ". Raise host_budget_bytes, give a disk_dir to spill to, or offload fewer "
                 "tensors; nothing was offloaded.");
-    const int64_t over = stats_.bytes_in_use + stats_.bytes_cached +
-                         static_cast<int64_t>(size) - budget_bytes_;
+    const int64_t over =
+        stats_.bytes_in_use + stats_.bytes_cached + static_cast<int64_t>(size) - budget_bytes_;
     if (over > 0) free_cached_locked(static_cast<size_t>(over));
   }
   void* ptr = allocator_->allocate(size);
@@ -68,9 +68,8 @@ std::optional<HostBlock> HostBufferPool::acquire_locked(size_t bytes, bool throw
     ptr = allocator_->allocate(size);
   }
   TORCH_CHECK(ptr != nullptr, "torch_offload: could not allocate ", size, " bytes of ",
-              allocator_->pinned() ? "pinned" : "pageable",
-              " host memory (host RAM exhausted?); ", stats_.bytes_in_use,
-              " bytes are held by offloaded tensors. Nothing was offloaded.");
+              allocator_->pinned() ? "pinned" : "pageable", " host memory (host RAM exhausted?); ",
+              stats_.bytes_in_use, " bytes are held by offloaded tensors. Nothing was offloaded.");
   stats_.allocations++;
   stats_.misses++;
   stats_.bytes_in_use += static_cast<int64_t>(size);

@@ -19,12 +19,12 @@ struct HostBlock {
 };
 
 struct PoolStats {
-  int64_t bytes_in_use = 0;     // handed out and not yet returned
-  int64_t bytes_peak = 0;       // peak of bytes_in_use since the last reset
-  int64_t bytes_cached = 0;     // returned, kept for reuse
-  int64_t hits = 0;             // requests served from the cache
-  int64_t misses = 0;           // requests that needed a new allocation
-  int64_t allocations = 0;      // blocks allocated from the HostAllocator, ever
+  int64_t bytes_in_use = 0;  // handed out and not yet returned
+  int64_t bytes_peak = 0;    // peak of bytes_in_use since the last reset
+  int64_t bytes_cached = 0;  // returned, kept for reuse
+  int64_t hits = 0;          // requests served from the cache
+  int64_t misses = 0;        // requests that needed a new allocation
+  int64_t allocations = 0;   // blocks allocated from the HostAllocator, ever
 };
 
 class HostBufferPool {
@@ -35,7 +35,8 @@ class HostBufferPool {
   HostBufferPool(const HostBufferPool&) = delete;
   HostBufferPool& operator=(const HostBufferPool&) = delete;
 
-  // Throws c10::Error naming the budget when it would be exceeded, or when the host is out of memory.
+  // Throws c10::Error naming the budget when it would be exceeded, or when the host is out of
+  // memory.
   HostBlock acquire(size_t bytes);
   // Like acquire, but returns std::nullopt instead of throwing when the budget would be exceeded.
   std::optional<HostBlock> try_acquire(size_t bytes);

@@ -1,11 +1,11 @@
 #include "manager.h"
 
-#include <tuple>
-
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
+
+#include <tuple>
 
 #include "cuda_transfer.h"
 #include "manager_registry.h"
@@ -24,8 +24,7 @@ c10::Device with_index(c10::Device device) {
 std::shared_ptr<Manager> Manager::create(const ManagerConfig& config,
                                          std::shared_ptr<DeviceTransfer> transfer,
                                          std::unique_ptr<HostAllocator> allocator) {
-  std::shared_ptr<Manager> manager(
-      new Manager(config, std::move(transfer), std::move(allocator)));
+  std::shared_ptr<Manager> manager(new Manager(config, std::move(transfer), std::move(allocator)));
   manager->id_ = register_manager(manager);
   return manager;
 }
@@ -36,7 +35,8 @@ Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> tr
   TORCH_CHECK(config.max_in_flight >= 0, "max_in_flight must be >= 0, got ", config.max_in_flight);
   TORCH_CHECK(config.prefetch_depth >= 0, "prefetch_depth must be >= 0, got ",
               config.prefetch_depth);
-  transfer_ = transfer ? std::move(transfer) : std::shared_ptr<DeviceTransfer>(make_cuda_transfer());
+  transfer_ =
+      transfer ? std::move(transfer) : std::shared_ptr<DeviceTransfer>(make_cuda_transfer());
   if (!allocator) allocator = make_default_host_allocator();
   const bool pinned = allocator->pinned();
   pool_ = std::make_shared<HostBufferPool>(std::move(allocator), config.host_budget_bytes);
@@ -198,7 +198,8 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
   device = with_index(device);
   DeviceTransfer* transfer = transfer_for(device);
   std::unique_lock<std::mutex> lock(mutex_);
-  // Handles are found by their buffer (the storage's base), so views of a handle are recognised too.
+  // Handles are found by their buffer (the storage's base), so views of a handle are recognised
+  // too.
   auto it = entries_.find(handle.storage().data());
   const bool is_handle = it != entries_.end() && handle.storage_offset() == 0 &&
                          it->second.host_view.sizes() == handle.sizes() &&

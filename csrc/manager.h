@@ -14,8 +14,8 @@
 #include <unordered_map>
 
 #include "deferred_releaser.h"
-#include "disk_store.h"
 #include "device_transfer.h"
+#include "disk_store.h"
 #include "host_buffer_pool.h"
 #include "manager_config.h"
 #include "offload_stats.h"
@@ -51,8 +51,8 @@ class Manager : public std::enable_shared_from_this<Manager> {
   Manager(const Manager&) = delete;
   Manager& operator=(const Manager&) = delete;
 
-  // Starts copying `x` to host memory and returns the host tensor (the handle). The handle keeps the
-  // host copy alive; `x` itself is released as soon as the copy has finished.
+  // Starts copying `x` to host memory and returns the host tensor (the handle). The handle keeps
+  // the host copy alive; `x` itself is released as soon as the copy has finished.
   at::Tensor save(const at::Tensor& x);
   // Returns the saved tensor on `device`, ready for use on the current (compute) stream.
   at::Tensor restore(const at::Tensor& handle, c10::Device device);
@@ -85,10 +85,10 @@ class Manager : public std::enable_shared_from_this<Manager> {
     c10::Device source_device{c10::kCPU};
     c10::VariableVersion version_counter;  // disabled unless the source had one
     uint32_t saved_version = 0;
-    FencePtr to_host_done;  // null when the copy was synchronous
+    FencePtr to_host_done;               // null when the copy was synchronous
     std::shared_ptr<SourceSlot> source;  // the device source while its copy may still read it
-    FencePtr last_fence;    // latest queued copy that touches the buffer
-    at::Tensor prefetched;  // device copy started ahead of the restore
+    FencePtr last_fence;                 // latest queued copy that touches the buffer
+    at::Tensor prefetched;               // device copy started ahead of the restore
     FencePtr prefetch_done;
     bool restored = false;
     std::list<const void*>::iterator order_pos;
@@ -145,7 +145,6 @@ class Manager : public std::enable_shared_from_this<Manager> {
   std::string disk_error_;  // first failed write, reported by the next save
 
   DeferredReleaser releaser_;  // last member: destroyed first, so it drains while all else lives
-
 };
 
 }  // namespace torch_offload

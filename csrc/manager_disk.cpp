@@ -23,8 +23,8 @@ at::Tensor Manager::save_to_disk(const at::Tensor& x, const at::Tensor& src,
     const int64_t limit = std::max<int64_t>(1, config_.max_in_flight);
     const auto start = std::chrono::steady_clock::now();
     io_done_.wait(lock, [&] { return pending_writes_ < limit; });
-    waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                    .count();
+    waited_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     pending_writes_++;
   }
   HostBlock staging;
@@ -68,7 +68,11 @@ at::Tensor Manager::save_to_disk(const at::Tensor& x, const at::Tensor& src,
   }
   FencePtr done = copy.done;
   disk_->write_async(
-      file_id, [done] { if (done) done->synchronize(); }, staging.ptr, nbytes,
+      file_id,
+      [done] {
+        if (done) done->synchronize();
+      },
+      staging.ptr, nbytes,
       [this, key](const std::string& error) {
         std::lock_guard<std::mutex> lock(mutex_);
         pending_writes_--;
@@ -100,8 +104,7 @@ void Manager::start_disk_read_locked(const void* key, Entry& entry) {
                     });
 }
 
-at::Tensor Manager::restore_from_disk(const void* key, c10::Device device,
-                                      DeviceTransfer* transfer,
+at::Tensor Manager::restore_from_disk(const void* key, c10::Device device, DeviceTransfer* transfer,
                                       std::unique_lock<std::mutex>& lock) {
   // References into entries_ stay valid across the waits (no erase while our handle lives).
   Entry& entry = entries_.at(key);
@@ -117,9 +120,9 @@ at::Tensor Manager::restore_from_disk(const void* key, c10::Device device,
     } else {
       counters_.prefetch_hits++;
     }
-    TORCH_CHECK(entry.read_error.empty(),
-                "torch_offload: reading an offloaded tensor back from disk failed: ",
-                entry.read_error);
+    TORCH_CHECK(
+        entry.read_error.empty(),
+        "torch_offload: reading an offloaded tensor back from disk failed: ", entry.read_error);
     source = *entry.read_staging;
     entry.read_staging.reset();
     from_read = true;

@@ -12,9 +12,9 @@ struct OffloadStats {
   int64_t restores = 0;
   int64_t bytes_to_host = 0;
   int64_t bytes_to_device = 0;
-  int64_t prefetches = 0;       // host-to-device copies started ahead of their restore
-  int64_t prefetch_hits = 0;    // restores served by such a copy
-  int64_t in_flight_peak = 0;   // most device-to-host copies in flight at once
+  int64_t prefetches = 0;      // host-to-device copies started ahead of their restore
+  int64_t prefetch_hits = 0;   // restores served by such a copy
+  int64_t in_flight_peak = 0;  // most device-to-host copies in flight at once
   int64_t host_bytes_in_use = 0;
   int64_t host_bytes_peak = 0;
   int64_t host_bytes_cached = 0;
@@ -22,10 +22,10 @@ struct OffloadStats {
   int64_t pool_misses = 0;
   int64_t host_allocations = 0;  // blocks ever allocated (pinned allocations are the slow part)
   int64_t live_handles = 0;
-  int64_t disk_files = 0;          // files currently in the disk tier
+  int64_t disk_files = 0;  // files currently in the disk tier
   int64_t disk_bytes_written = 0;
   int64_t disk_bytes_read = 0;
-  int64_t spills = 0;              // tensors sent to disk because the host budget was full
+  int64_t spills = 0;  // tensors sent to disk because the host budget was full
   bool pinned = false;
   double compute_wait_ms = 0.0;  // compute stream stalled waiting for copies
   double host_wait_ms = 0.0;     // host thread blocked by the in-flight bound

@@ -88,12 +88,12 @@ class OffloadCheckpointFunction : public torch::autograd::Function<OffloadCheckp
                                                  torch::autograd::variable_list grads) {
     const c10::Device device = ctx->saved_data["device"].toDevice();
     const bool requires_grad = ctx->saved_data["requires_grad"].toBool();
-    auto holder = c10::static_intrusive_pointer_cast<FunctionHolder>(
-        ctx->saved_data["fn"].toCapsule());
-    at::Tensor input = call_restore(ctx->get_saved_variables()[0], device,
-                                    ctx->saved_data["manager"].toInt())
-                           .detach()
-                           .requires_grad_(requires_grad);
+    auto holder =
+        c10::static_intrusive_pointer_cast<FunctionHolder>(ctx->saved_data["fn"].toCapsule());
+    at::Tensor input =
+        call_restore(ctx->get_saved_variables()[0], device, ctx->saved_data["manager"].toInt())
+            .detach()
+            .requires_grad_(requires_grad);
     at::Tensor output;
     {
       const at::Tensor device_rng =
@@ -117,8 +117,8 @@ at::Tensor checkpoint(CheckpointFn fn, const at::Tensor& input,
   static const at::Tensor requires_grad_anchor = at::empty({0}).requires_grad_(true);
   static const at::Tensor plain_anchor = at::empty({0});
   const at::Tensor& anchor = input.requires_grad() ? plain_anchor : requires_grad_anchor;
-  return OffloadCheckpointFunction::apply(
-      input, c10::make_intrusive<FunctionHolder>(std::move(fn)), manager->id(), anchor);
+  return OffloadCheckpointFunction::apply(input, c10::make_intrusive<FunctionHolder>(std::move(fn)),
+                                          manager->id(), anchor);
 }
 
 }  // namespace torch_offload

@@ -1,5 +1,5 @@
-// Loads a TorchScript file whose forward calls torch.ops.offload.* (with an OffloadManager attribute)
-// and runs it on a deterministic input: the model runs from C++ exactly as from Python.
+// Loads a TorchScript file whose forward calls torch.ops.offload.* (with an OffloadManager
+// attribute) and runs it on a deterministic input: the model runs from C++ exactly as from Python.
 //   build/examples/cpp/run_scripted MODEL.pt ROWS COLS
 #include <torch/script.h>
 

@@ -14,9 +14,7 @@ struct BlockImpl : torch::nn::Module {
         fc1(register_module("fc1", torch::nn::Linear(width, 4 * width))),
         fc2(register_module("fc2", torch::nn::Linear(4 * width, width))),
         drop(register_module("drop", torch::nn::Dropout(0.1))) {}
-  torch::Tensor forward(const torch::Tensor& x) {
-    return x + fc2(drop(torch::gelu(fc1(norm(x)))));
-  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + fc2(drop(torch::gelu(fc1(norm(x))))); }
   torch::nn::LayerNorm norm;
   torch::nn::Linear fc1, fc2;
   torch::nn::Dropout drop;
@@ -50,8 +48,9 @@ int main(int argc, char** argv) {
     std::printf("step %d loss %.6f\n", step, loss.item<double>());
   }
   auto stats = manager->stats();
-  std::printf("device %s: offloaded %.0f tensors, %.1f MB to host, %.1f MB back, %.0f prefetch hits\n",
-              device.str().c_str(), stats.at("saves"), stats.at("bytes_to_host") / 1e6,
-              stats.at("bytes_to_device") / 1e6, stats.at("prefetch_hits"));
+  std::printf(
+      "device %s: offloaded %.0f tensors, %.1f MB to host, %.1f MB back, %.0f prefetch hits\n",
+      device.str().c_str(), stats.at("saves"), stats.at("bytes_to_host") / 1e6,
+      stats.at("bytes_to_device") / 1e6, stats.at("prefetch_hits"));
   return 0;
 }
