@@ -6,6 +6,8 @@
 
 #include <mutex>
 
+#include "ops/op_calls.h"
+
 namespace torch_offload {
 namespace {
 
@@ -13,20 +15,6 @@ struct FunctionHolder : torch::CustomClassHolder {
   explicit FunctionHolder(CheckpointFn f) : fn(std::move(f)) {}
   CheckpointFn fn;
 };
-
-at::Tensor call_save(const at::Tensor& x, int64_t manager) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("offload::offload_save", "")
-                       .typed<at::Tensor(const at::Tensor&, int64_t)>();
-  return op.call(x, manager);
-}
-
-at::Tensor call_restore(const at::Tensor& handle, c10::Device device, int64_t manager) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("offload::offload_restore", "")
-                       .typed<at::Tensor(const at::Tensor&, c10::Device, int64_t)>();
-  return op.call(handle, device, manager);
-}
 
 at::Generator generator_for(c10::Device device) {
   return at::globalContext().defaultGenerator(device.is_cpu() ? c10::Device(c10::kCPU) : device);
@@ -80,7 +68,7 @@ class OffloadCheckpointFunction : public torch::autograd::Function<OffloadCheckp
     ctx->saved_data["requires_grad"] = input.requires_grad();
     ctx->saved_data["cpu_rng"] = rng_state(c10::kCPU);
     if (!input.device().is_cpu()) ctx->saved_data["device_rng"] = rng_state(input.device());
-    ctx->save_for_backward({call_save(input.detach(), manager)});
+    ctx->save_for_backward({ops::call_offload_save(input.detach(), manager)});
     return holder->fn(input);
   }
 
@@ -90,10 +78,10 @@ class OffloadCheckpointFunction : public torch::autograd::Function<OffloadCheckp
     const bool requires_grad = ctx->saved_data["requires_grad"].toBool();
     auto holder =
         c10::static_intrusive_pointer_cast<FunctionHolder>(ctx->saved_data["fn"].toCapsule());
-    at::Tensor input =
-        call_restore(ctx->get_saved_variables()[0], device, ctx->saved_data["manager"].toInt())
-            .detach()
-            .requires_grad_(requires_grad);
+    at::Tensor input = ops::call_offload_restore(ctx->get_saved_variables()[0], device,
+                                                 ctx->saved_data["manager"].toInt())
+                           .detach()
+                           .requires_grad_(requires_grad);
     at::Tensor output;
     {
       const at::Tensor device_rng =

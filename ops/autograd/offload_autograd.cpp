@@ -3,21 +3,11 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "ops/op_calls.h"
+
 namespace {
 
-at::Tensor call_save(const at::Tensor& x, int64_t manager) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("offload::offload_save", "")
-                       .typed<at::Tensor(const at::Tensor&, int64_t)>();
-  return op.call(x, manager);
-}
-
-at::Tensor call_restore(const at::Tensor& handle, c10::Device device, int64_t manager) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("offload::offload_restore", "")
-                       .typed<at::Tensor(const at::Tensor&, c10::Device, int64_t)>();
-  return op.call(handle, device, manager);
-}
+namespace ops = torch_offload::ops;
 
 class OffloadSaveFunction : public torch::autograd::Function<OffloadSaveFunction> {
  public:
@@ -25,7 +15,7 @@ class OffloadSaveFunction : public torch::autograd::Function<OffloadSaveFunction
                             int64_t manager) {
     ctx->saved_data["device"] = x.device();
     at::AutoDispatchBelowADInplaceOrView guard;
-    return call_save(x, manager);
+    return ops::call_offload_save(x, manager);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -38,7 +28,7 @@ class OffloadRestoreFunction : public torch::autograd::Function<OffloadRestoreFu
   static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& handle,
                             c10::Device device, int64_t manager) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return call_restore(handle, device, manager);
+    return ops::call_offload_restore(handle, device, manager);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
                                                  torch::autograd::variable_list grads) {
