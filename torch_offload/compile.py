@@ -143,9 +143,11 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
     the manager (`.offload_partitioner.manager.stats()`). Other keyword arguments (fullgraph=True,
     dynamic=...) go to torch.compile.
     """
-    # Compiled graphs launch far ahead of the GPU: earlier sources are released in stream order at
-    # each save, or the allocator would still count them all at the forward's peak.
-    manager = manager if manager is not None else OffloadManager(release_sources_on_save=True)
+    # Compiled graphs launch far ahead of the GPU: with saves a layer apart (hidden_states), earlier
+    # sources are released in stream order at each save, or the allocator would still count them
+    # at the forward's peak. In "all" mode saves are a few kernels apart and that wait would stall.
+    if manager is None:
+        manager = OffloadManager(release_sources_on_save=mode == "hidden_states")
     partitioner = OffloadPartitioner(manager, mode, min_bytes)
     if mode == "hidden_states":
         _enable_checkpointing(model, blocks)
