@@ -720,5 +720,60 @@ TEST_F(ManagerTest, ConcurrentSavesAndRestoresWithImmediateFences) {
   EXPECT_EQ(stats().host_bytes_in_use, 0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Stream-ordered release of sources (finish_save, release_sources_on_save).
+
+// A source whose memory outlives the tensor (the fake copy reads it when its fence completes, as
+// a DMA would only after the compute stream's wait), with a flag set when the tensor lets go.
+struct WatchedSource {
+  explicit WatchedSource(int64_t n) : data(n), freed(std::make_shared<std::atomic<bool>>(false)) {
+    for (int64_t i = 0; i < n; ++i) data[i] = static_cast<float>(i) + 0.25f;
+  }
+  at::Tensor tensor() {
+    auto flag = freed;
+    return at::from_blob(
+        data.data(), {static_cast<int64_t>(data.size())}, [flag](void*) { *flag = true; },
+        at::kFloat);
+  }
+  at::Tensor expected() const {
+    return at::arange(static_cast<int64_t>(data.size()), at::kFloat).add_(0.25);
+  }
+  std::vector<float> data;
+  std::shared_ptr<std::atomic<bool>> freed;
+};
+
+TEST_F(ManagerTest, FinishSaveReleasesTheSourceAfterAComputeStreamWait) {
+  make(ManagerConfig{}, Completion::kManual);
+  WatchedSource source(1024);
+  at::Tensor h = save(source.tensor());
+  EXPECT_FALSE(*source.freed) << "copy still in flight: the source must be held";
+  manager_->finish_save(h);
+  EXPECT_TRUE(*source.freed) << "finish_save must release the source at once";
+  auto waits = transfer_->calls(Kind::kComputeWait);
+  ASSERT_EQ(waits.size(), 1u) << "the release must be ordered after the copy on the compute stream";
+  EXPECT_EQ(waits[0].fence, transfer_->fences(Kind::kToHost)[0]);
+  transfer_->complete_all();
+  EXPECT_TRUE(at::equal(restore(h), source.expected()));
+  manager_->finish_save(h);                                    // nothing held any more: a no-op
+  EXPECT_EQ(transfer_->calls(Kind::kComputeWait).size(), 2u);  // the restore's wait only
+}
+
+TEST_F(ManagerTest, ReleaseSourcesOnSaveReleasesEarlierSourcesOnly) {
+  ManagerConfig config = make_config(0);
+  config.release_sources_on_save = true;
+  make(config, Completion::kManual);
+  WatchedSource a(512), b(512);
+  at::Tensor ha = save(a.tensor());
+  EXPECT_FALSE(*a.freed);
+  at::Tensor hb = save(b.tensor());
+  EXPECT_TRUE(*a.freed) << "the second save releases the first source (stream-ordered)";
+  EXPECT_FALSE(*b.freed) << "the source being saved stays until its own copy is done";
+  ASSERT_EQ(transfer_->calls(Kind::kComputeWait).size(), 1u);
+  EXPECT_EQ(transfer_->calls(Kind::kComputeWait)[0].fence, transfer_->fences(Kind::kToHost)[0]);
+  transfer_->complete_all();
+  EXPECT_TRUE(at::equal(restore(hb), b.expected()));
+  EXPECT_TRUE(at::equal(restore(ha), a.expected()));
+}
+
 }  // namespace
 }  // namespace torch_offload
