@@ -146,39 +146,38 @@ void Manager::add_entry_locked(const void* key, Entry entry, const at::Tensor& x
   counters_.host_wait_ms += copy.host_wait_ms;
 }
 
+Manager::HeldSource Manager::take_source_locked(Entry& entry) {
+  HeldSource held{std::move(entry.source), entry.to_host_done, entry.source_device};
+  entry.source = nullptr;
+  return held;
+}
+
+void Manager::release_in_stream_order(const HeldSource& held) {
+  DeviceTransfer* transfer = transfer_for(held.device);
+  if (transfer != nullptr && held.done) transfer->compute_waits_for(held.done, held.device);
+  held.source->release();
+}
+
 void Manager::finish_all_saves() {
-  std::vector<std::tuple<std::shared_ptr<SourceSlot>, FencePtr, c10::Device>> held;
+  std::vector<HeldSource> held;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [key, entry] : entries_) {
-      if (!entry.source) continue;
-      held.emplace_back(std::move(entry.source), entry.to_host_done, entry.source_device);
-      entry.source = nullptr;
+      if (entry.source) held.push_back(take_source_locked(entry));
     }
   }
-  for (auto& [source, done, device] : held) {
-    DeviceTransfer* transfer = transfer_for(device);
-    if (transfer != nullptr && done) transfer->compute_waits_for(done, device);
-    source->release();
-  }
+  for (const HeldSource& h : held) release_in_stream_order(h);
 }
 
 void Manager::finish_save(const at::Tensor& handle) {
-  std::shared_ptr<SourceSlot> source;
-  FencePtr done;
-  c10::Device device(c10::kCPU);
+  HeldSource held;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = entries_.find(handle.storage().data());
     if (it == entries_.end() || !it->second.source) return;  // nothing held (CPU, synchronous)
-    source = std::move(it->second.source);
-    it->second.source = nullptr;
-    done = it->second.to_host_done;
-    device = it->second.source_device;
+    held = take_source_locked(it->second);
   }
-  DeviceTransfer* transfer = transfer_for(device);
-  if (transfer != nullptr && done) transfer->compute_waits_for(done, device);
-  source->release();
+  release_in_stream_order(held);
 }
 
 void Manager::check_unmodified(const Entry& entry) const {

@@ -120,6 +120,15 @@ class Manager : public std::enable_shared_from_this<Manager> {
   ToHostCopy copy_to_host(const at::Tensor& src, const at::Tensor& dst, DeviceTransfer* transfer);
   void add_entry_locked(const void* key, Entry entry, const at::Tensor& x, const ToHostCopy& copy);
 
+  // A source taken out of its entry, to be released after the compute stream waits for its copy.
+  struct HeldSource {
+    std::shared_ptr<SourceSlot> source;
+    FencePtr done;
+    c10::Device device{c10::kCPU};
+  };
+  static HeldSource take_source_locked(Entry& entry);
+  void release_in_stream_order(const HeldSource& held);
+
   // Disk tier (manager_disk.cpp).
   at::Tensor save_to_disk(const at::Tensor& x, const at::Tensor& src, DeviceTransfer* transfer);
   at::Tensor restore_from_disk(const void* key, c10::Device device, DeviceTransfer* transfer,

@@ -91,6 +91,7 @@ class OffloadPartitioner(CustomPartitionerFn):
         fwd_out = _output_node(fwd.graph)
         outputs = list(fwd_out.args[0])
         bwd_inputs = {n.name: n for n in bwd.graph.nodes if n.op == "placeholder"}
+        bwd_order = {n: i for i, n in enumerate(bwd.graph.nodes)}  # before any insertion
         offloaded = []
         for index in range(num_fwd_outputs, len(outputs)):
             saved = outputs[index]
@@ -108,7 +109,7 @@ class OffloadPartitioner(CustomPartitionerFn):
             handle.meta["val"] = _fake_like(val, "cpu")
             outputs[index] = handle
 
-            first_use = min(placeholder.users, key=lambda n: _position(bwd.graph, n))
+            first_use = min(placeholder.users, key=bwd_order.__getitem__)
             with bwd.graph.inserting_before(first_use):
                 restored = bwd.graph.call_function(_RESTORE, (placeholder, val.device, manager_id))
             restored.meta["val"] = val
@@ -119,13 +120,6 @@ class OffloadPartitioner(CustomPartitionerFn):
         fwd.recompile()
         bwd.recompile()
         return offloaded
-
-
-def _position(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
-    for i, n in enumerate(graph.nodes):
-        if n is node:
-            return i
-    raise ValueError(node)
 
 
 def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None,
