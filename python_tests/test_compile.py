@@ -19,9 +19,13 @@ _RESTORE = torch.ops.offload.offload_restore.default
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
+    # The tests inspect the graphs our partitioner rewrites, so it must run: with inductor's and
+    # AOTAutograd's on-disk caches on, a graph compiled by an earlier pytest run is loaded instead
+    # (test_cache_hit_still_offloads covers that path).
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    yield
+    with torch.compiler.config.patch(force_disable_caches=True):
+        yield
     torch._dynamo.reset()
 
 
@@ -112,3 +116,28 @@ def test_unknown_mode_and_backend_are_errors():
         torch_offload.compile(torch.nn.Linear(2, 2), "disk")
     with pytest.raises(ValueError, match="backend must be"):
         torch_offload.compile(torch.nn.Linear(2, 2), "all", backend="cudagraphs")
+
+
+def test_cache_hit_still_offloads(tmp_path, monkeypatch):
+    # A second process compiling the same model loads the graphs from inductor's cache and skips the
+    # partitioner; the cached graphs must still call our ops (the manager id is in the cache key).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    base = _tiny_llama("cpu", dropout=0.0)
+    manager = torch_offload.OffloadManager()
+    ids = torch.randint(0, 256, (2, 32))
+    with torch.compiler.config.patch(force_disable_caches=False):
+        first = torch_offload.compile(copy.deepcopy(base), "hidden_states", manager=manager,
+                                      min_bytes=BOUNDARY_BYTES, fullgraph=True)
+        loss_first, grads_first = _grads(first, ids, "cpu")
+        assert first.offload_partitioner.graphs, "the first compile must partition"
+        torch._dynamo.reset()
+        manager.reset_stats()
+        second = torch_offload.compile(copy.deepcopy(base), "hidden_states", manager=manager,
+                                       min_bytes=BOUNDARY_BYTES, fullgraph=True)
+        loss_second, grads_second = _grads(second, ids, "cpu")
+    assert not second.offload_partitioner.graphs, "expected the graphs to come from the cache"
+    stats = manager.stats()
+    assert stats["saves"] == stats["restores"] == 3, stats
+    assert torch.equal(loss_second, loss_first)
+    for a, b in zip(grads_second, grads_first):
+        assert torch.equal(a, b)
