@@ -240,6 +240,27 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
   return out;
 }
 
+void Manager::prefetch(const at::Tensor& handle, c10::Device device) {
+  TORCH_CHECK(handle.defined() && handle.is_cpu(),
+              "prefetch: the handle must be the CPU tensor returned by offload_save");
+  device = with_index(device);
+  DeviceTransfer* transfer = transfer_for(device);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(handle.storage().data());
+  TORCH_CHECK(it != entries_.end(),
+              "prefetch: the tensor is not a live handle of this manager (offload_save returns one)");
+  Entry& entry = it->second;
+  if (config_.synchronous || transfer == nullptr || entry.file_id >= 0 ||
+      entry.prefetched.defined()) {
+    return;
+  }
+  check_unmodified(entry);
+  std::tie(entry.prefetched, entry.prefetch_done) =
+      transfer->copy_to_device(entry.host_view, device, entry.to_host_done);
+  entry.last_fence = entry.prefetch_done;
+  counters_.prefetches++;
+}
+
 void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
                                      DeviceTransfer* transfer) {
   // Backward restores in reverse save order: the entries saved just before this one come next.

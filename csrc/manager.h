@@ -56,6 +56,11 @@ class Manager : public std::enable_shared_from_this<Manager> {
   at::Tensor save(const at::Tensor& x);
   // Returns the saved tensor on `device`, ready for use on the current (compute) stream.
   at::Tensor restore(const at::Tensor& handle, c10::Device device);
+  // Starts copying the handle's data to `device` ahead of a restore, which then only waits for it
+  // (layer offloading knows which weights come next; backward prefetch of activations is
+  // automatic). A no-op when a prefetch is already pending, for synchronous managers, and where
+  // restores are plain copies (CPU, disk tier).
+  void prefetch(const at::Tensor& handle, c10::Device device);
   // Makes the current stream wait for the handle's device-to-host copy and releases the device
   // source now. The background releaser frees sources in host order, and the host runs ahead of
   // the GPU, so the allocator would still count sources whose copies the GPU has not reached;

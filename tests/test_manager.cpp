@@ -446,6 +446,45 @@ TEST_F(ManagerTest, PrefetchDepthTwoPrefetchesTwoAhead) {
   EXPECT_EQ(transfer_->count(Kind::kToDevice), 5) << "every tensor was copied back exactly once";
 }
 
+TEST_F(ManagerTest, ExplicitPrefetchServesEveryLaterRestoreItPrecedes) {
+  // Layer offloading restores the same weights every step and prefetches them itself, in forward
+  // order and in backward order: a prefetch must serve the next restore even after earlier ones.
+  make(make_config(4, 0, 0));
+  at::Tensor w = make_tensor({64}, at::kFloat, 1);
+  at::Tensor hw = save(w);
+  EXPECT_TRUE(at::equal(restore(hw), w));
+  for (int step = 0; step < 3; ++step) {
+    manager_->prefetch(hw, kCPU);
+    manager_->prefetch(hw, kCPU);  // already pending: no second copy
+    EXPECT_EQ(stats().prefetches, step + 1);
+    EXPECT_TRUE(at::equal(restore(hw), w));
+    EXPECT_EQ(stats().prefetch_hits, step + 1);
+  }
+  EXPECT_EQ(transfer_->count(Kind::kToDevice), 4) << "one plain restore, then three prefetches";
+}
+
+TEST_F(ManagerTest, ExplicitPrefetchChecksItsHandle) {
+  make(make_config(4, 0, 0));
+  at::Tensor w = make_tensor({64}, at::kFloat, 1);
+  at::Tensor hw = save(w);
+  const std::string unknown = error_of([&] { manager_->prefetch(w.clone(), kCPU); });
+  EXPECT_NE(unknown.find("not a live handle"), std::string::npos) << unknown;
+  w.add_(1);  // the saved tensor changed after save: the prefetch must not hand out stale data
+  const std::string stale = error_of([&] { manager_->prefetch(hw, kCPU); });
+  EXPECT_NE(stale.find("modified in place"), std::string::npos) << stale;
+}
+
+TEST_F(ManagerTest, ExplicitPrefetchIsANoOpForSynchronousManagers) {
+  ManagerConfig config = make_config(4, 0, 0);
+  config.synchronous = true;
+  make(config);
+  at::Tensor w = make_tensor({64}, at::kFloat, 1);
+  at::Tensor hw = save(w);
+  manager_->prefetch(hw, kCPU);
+  EXPECT_EQ(stats().prefetches, 0);
+  EXPECT_TRUE(at::equal(restore(hw), w));
+}
+
 TEST_F(ManagerTest, UnusedPrefetchIsReleasedWhenItsHandleDies) {
   make(make_config(4, 1, 0), Completion::kManual);
   at::Tensor a = make_tensor({2048}, at::kFloat, 1);

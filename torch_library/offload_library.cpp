@@ -20,6 +20,7 @@ TORCH_LIBRARY(offload, m) {
       .def("reset_stats", &OffloadManager::reset_stats)
       .def("synchronize", &OffloadManager::synchronize)
       .def("finish_save", &OffloadManager::finish_save)
+      .def("prefetch", &OffloadManager::prefetch)
       .def("empty_pool", &OffloadManager::empty_pool)
       .def("max_in_flight", &OffloadManager::max_in_flight)
       .def("prefetch_depth", &OffloadManager::prefetch_depth)

@@ -28,6 +28,9 @@ class OffloadManager : public torch::CustomClassHolder {
   void reset_stats() { manager_->reset_stats(); }
   void synchronize() { manager_->synchronize(); }
   void finish_save(const at::Tensor& handle) { manager_->finish_save(handle); }
+  void prefetch(const at::Tensor& handle, c10::Device device) {
+    manager_->prefetch(handle, device);
+  }
   void empty_pool() { manager_->empty_pool(); }
   int64_t max_in_flight() const { return manager_->config().max_in_flight; }
   int64_t prefetch_depth() const { return manager_->config().prefetch_depth; }
