@@ -247,8 +247,9 @@ void Manager::prefetch(const at::Tensor& handle, c10::Device device) {
   DeviceTransfer* transfer = transfer_for(device);
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(handle.storage().data());
-  TORCH_CHECK(it != entries_.end(),
-              "prefetch: the tensor is not a live handle of this manager (offload_save returns one)");
+  TORCH_CHECK(
+      it != entries_.end(),
+      "prefetch: the tensor is not a live handle of this manager (offload_save returns one)");
   Entry& entry = it->second;
   if (config_.synchronous || transfer == nullptr || entry.file_id >= 0 ||
       entry.prefetched.defined()) {
