@@ -5,14 +5,19 @@ Ops: torch.ops.offload.offload_save / offload_restore; class: torch.classes.offl
 from ._library import load_library
 from ._ops import offload_restore, offload_save
 from .activations import offload_activations
-from .apply import OffloadHandle, apply, find_blocks
+from .apply import OffloadHandle, apply
+from .blocks import find_blocks
 from .checkpoint import checkpoint
 from .compile import OffloadPartitioner, compile
+from .layers import LayerOffloadHandle, offload_layers
 from .manager import OffloadManager, default_manager, stats
+from .modules import ModuleOffloadHandle, offload_modules, select_modules
 
 library_path = load_library()
 
 __all__ = [
+    "LayerOffloadHandle",
+    "ModuleOffloadHandle",
     "OffloadHandle",
     "OffloadManager",
     "apply",
@@ -23,7 +28,10 @@ __all__ = [
     "find_blocks",
     "library_path",
     "offload_activations",
+    "offload_layers",
+    "offload_modules",
     "offload_restore",
     "offload_save",
+    "select_modules",
     "stats",
 ]

@@ -11,7 +11,7 @@ budget spill to disk instead of failing.
 """
 import os
 import tempfile
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -21,6 +21,7 @@ try:  # DTensor (tensor parallel / FSDP2 shards): offload the local shard, rebui
     from torch.distributed.tensor import DTensor
 except ImportError:  # torch built without distributed
     DTensor = None
+from . import weight_tokens
 from .manager import OffloadManager
 
 MODE_ALIASES = {"all": "all", "true": "all", "sync": "sync", "legacy": "sync", "disk": "disk"}
@@ -102,7 +103,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
     smaller than `min_bytes`. Options: `max_in_flight` (copies in flight before forward blocks),
     `prefetch_depth` (tensors copied back ahead of need in backward), `host_budget_bytes`
     (0 = unlimited), `disk_dir` (the disk tier: where "disk" writes, where "all" spills), or a
-    ready `manager`.
+    ready `manager`. `on_offload(t)` is called with each tensor offloaded (modules mode counts them).
     """
 
     def __init__(
@@ -116,6 +117,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         manager: Optional[object] = None,
         keep: Iterable[torch.Tensor] = (),
         disk_dir: Optional[str] = None,
+        on_offload: Optional[Callable[[torch.Tensor], None]] = None,
     ):
         self.mode = canonical_mode(mode)
         self.min_bytes = min_bytes
@@ -137,6 +139,9 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         kept_storages = {t.untyped_storage().data_ptr() for t in keep}
 
         def pack(t: torch.Tensor):
+            token = weight_tokens.pack(t)
+            if token is not None:  # a frozen weight of an offloaded layer: fetched again in backward
+                return token
             if _is_dtensor(t):
                 if _is_weight(t):
                     return t
@@ -154,11 +159,15 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
             ):
                 return t
             source, permutation, expanded_sizes = _compact(t.detach())
+            if on_offload is not None:
+                on_offload(t)
             return _Packed(offload_save(source, manager_id), t.device, permutation, expanded_sizes)
 
         def unpack(packed):
             if isinstance(packed, torch.Tensor):
                 return packed
+            if isinstance(packed, weight_tokens.WeightToken):
+                return packed.unpack()
             restored = _rebuild(offload_restore(packed.handle, packed.device, manager_id), packed)
             if packed.dtensor_spec is not None:
                 mesh, placements, shape, stride = packed.dtensor_spec

@@ -172,7 +172,7 @@ def _enable_checkpointing(model: torch.nn.Module, blocks) -> None:
             model.config.use_cache = False
         return
     if blocks is None:
-        from .apply import find_blocks
+        from .blocks import find_blocks
 
         blocks = find_blocks(model)
     for block in blocks:

@@ -1,0 +1,230 @@
+"""Layer (frozen-weight) offloading: frozen weights live in host memory, visit the device only while
+their layer runs, and training gives the gradients of plain training, bit for bit (fp32)."""
+import copy
+import gc
+
+import pytest
+import torch
+
+import torch_offload
+from conftest import DEVICES, assert_same_grads
+from test_models import _llama_step, _tiny_llama
+
+IDS_SHAPE = (2, 32)
+
+
+def _peft():
+    return pytest.importorskip("peft")
+
+
+def _lora_llama(device):
+    """The tiny Llama with PEFT LoRA adapters on q, v and down projections (lora_B made non-zero so
+    every adapter weight gets a gradient)."""
+    peft = _peft()
+    model = peft.get_peft_model(
+        _tiny_llama(device, dropout=0.0),
+        peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0),
+    )
+    torch.manual_seed(1)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02)
+    return model
+
+
+def _frozen_base_llama(device):
+    """The tiny Llama with every decoder weight frozen except the norms (adapter training without
+    PEFT: trainable and frozen parameters side by side in each layer)."""
+    model = _tiny_llama(device, dropout=0.0)
+    for name, p in model.named_parameters():
+        if ".layers." in name and "norm" not in name:
+            p.requires_grad_(False)
+    return model
+
+
+def _train_and_compare(ours, plain, device, steps=2):
+    ids = torch.randint(0, 256, IDS_SHAPE, device=device)
+    for _ in range(steps):
+        for m in (ours, plain):
+            m.zero_grad(set_to_none=True)
+        assert torch.equal(_llama_step(ours, ids, device), _llama_step(plain, ids, device))
+        assert_same_grads(ours, plain)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", [None, "hidden_states", "all"])
+def test_lora_model_matches_plain_training(device, mode):
+    plain = _lora_llama(device)
+    ours = copy.deepcopy(plain)
+    options = {"min_bytes": 0} if mode == "all" else {}
+    handle = torch_offload.apply(ours, mode=mode, layer_offloading=True, **options)
+    _train_and_compare(ours, plain, device)
+    stats = handle.layers.stats()
+    assert stats["bytes_to_device"] > 0 and stats["live_handles"] == 3 * 9  # 7 linears, 2 norms
+    for name, p in ours.named_parameters():
+        if ".layers." in name and not p.requires_grad:
+            assert p.device.type == "cpu", name
+            assert p.is_pinned() == (device == "cuda"), name
+        else:
+            assert p.device.type == device, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_frozen_base_matches_plain_training(device, checkpointing):
+    plain = _frozen_base_llama(device)
+    ours = copy.deepcopy(plain)
+    if checkpointing:  # the model's own (torch) checkpointing: the recompute needs the weights too
+        for m in (ours, plain):
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    handle = torch_offload.offload_layers(ours)
+    _train_and_compare(ours, plain, device)
+    assert handle.offloaded_bytes == sum(
+        p.numel() * p.element_size() for n, p in plain.named_parameters() if ".layers." in n and "norm" not in n
+    )
+
+
+def _live_device_copies(handle):
+    return [w.qualified for layer in handle.layers for w in layer.weights
+            if w.source._live is not None and w.source._live() is not None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", [None, "all"])
+def test_no_weight_copy_outlives_its_use(device, mode):
+    # Autograd keeps tokens, not the device copies: after forward no copy of any layer is alive
+    # (the last layer's is prefetched for backward inside the manager, not held by autograd).
+    # In "all" mode the activation hooks, innermost, must make the tokens.
+    model = _frozen_base_llama(device)
+    options = {"min_bytes": 0} if mode == "all" else {}
+    handle = torch_offload.apply(model, mode, layer_offloading=True, **options).layers
+    ids = torch.randint(0, 256, IDS_SHAPE, device=device)
+    loss = model(input_ids=ids, labels=ids).loss
+    gc.collect()
+    assert _live_device_copies(handle) == []
+    loss.backward()
+    del loss
+    gc.collect()
+    assert _live_device_copies(handle) == []
+    stats = handle.stats()
+    if device == "cuda":
+        # Forward: each layer was prefetched by the one before (the first by nobody); backward:
+        # the last layer was prefetched at the end of forward, each next one by the one after it.
+        assert stats["prefetch_hits"] >= 2 * len(handle.layers[0].weights) * (len(handle.layers) - 1)
+
+
+def test_weights_round_trip_through_state_dict_and_remove():
+    plain = _frozen_base_llama("cpu")
+    ours = copy.deepcopy(plain)
+    handle = torch_offload.offload_layers(ours)
+    assert list(ours.state_dict()) == list(plain.state_dict())
+    for (name, a), (_, b) in zip(ours.state_dict().items(), plain.state_dict().items()):
+        assert torch.equal(a, b), name
+    handle.remove()
+    assert all("forward" not in block.__dict__ for block in ours.model.layers)
+    _train_and_compare(ours, plain, "cpu", steps=1)
+    assert handle.stats()["live_handles"] == 0
+
+
+def test_frozen_weight_modified_in_place_is_an_error():
+    model = _frozen_base_llama("cpu")
+    torch_offload.offload_layers(model)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight.mul_(2)
+    ids = torch.randint(0, 256, IDS_SHAPE)
+    with pytest.raises(RuntimeError, match=r"model\.layers\.1\.mlp\.up_proj\.weight was modified in place"):
+        model(input_ids=ids, labels=ids)
+
+
+def test_frozen_weight_modified_during_forward_is_an_error():
+    model = _frozen_base_llama("cpu")
+    torch_offload.offload_layers(model)
+    layer = model.model.layers[0]
+
+    def zero_down_proj(module, args):
+        with torch.no_grad():
+            module.down_proj.weight.zero_()
+
+    hook = layer.mlp.register_forward_pre_hook(zero_down_proj)
+    ids = torch.randint(0, 256, IDS_SHAPE)
+    with pytest.raises(RuntimeError, match="modified in place during the forward"):
+        model(input_ids=ids, labels=ids)
+    hook.remove()
+    assert model.model.layers[0].mlp.down_proj.weight.abs().sum() > 0, "the host weight was kept"
+
+
+def test_requires_grad_change_after_wrapping_is_an_error():
+    model = _frozen_base_llama("cpu")
+    torch_offload.offload_layers(model)
+    model.model.layers[2].self_attn.o_proj.weight.requires_grad_(True)
+    ids = torch.randint(0, 256, IDS_SHAPE)
+    with pytest.raises(RuntimeError, match="requires_grad or the parameter set"):
+        model(input_ids=ids, labels=ids)
+
+
+def test_replaced_weight_is_an_error():
+    model = _frozen_base_llama("cpu")
+    torch_offload.offload_layers(model)
+    weight = model.model.layers[0].self_attn.q_proj.weight
+    weight.data = weight.data.clone()
+    ids = torch.randint(0, 256, IDS_SHAPE)
+    with pytest.raises(RuntimeError, match="moved or replaced"):
+        model(input_ids=ids, labels=ids)
+
+
+def test_not_enough_host_memory_leaves_the_model_unchanged(monkeypatch):
+    model = _frozen_base_llama("cpu")
+    before = {n: p.data_ptr() for n, p in model.named_parameters()}
+    monkeypatch.setattr(torch_offload.layers, "available_host_bytes", lambda: 1 << 10)
+    with pytest.raises(RuntimeError, match="need .* GiB of host memory, but only"):
+        torch_offload.offload_layers(model)
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == before
+    assert all("forward" not in block.__dict__ for block in model.model.layers)
+
+
+def test_host_budget_exceeded_leaves_the_model_unchanged():
+    model = _frozen_base_llama("cpu")
+    before = {n: p.data_ptr() for n, p in model.named_parameters()}
+    with pytest.raises(RuntimeError, match="host_budget_bytes"):
+        torch_offload.offload_layers(model, host_budget_bytes=64 << 10)
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == before
+    plain = _frozen_base_llama("cpu")
+    _train_and_compare(model, plain, "cpu", steps=1)
+
+
+def test_wrapping_order_is_checked():
+    model = _frozen_base_llama("cpu")
+    handle = torch_offload.apply(model, "hidden_states")
+    with pytest.raises(ValueError, match="call offload_layers first"):
+        torch_offload.offload_layers(model)
+    handle.remove()
+    layers = torch_offload.offload_layers(model)
+    with pytest.raises(ValueError, match="already offloaded"):
+        torch_offload.offload_layers(model)
+    # apply() after offload_layers goes around the weight wrapper, so it still works.
+    handle = torch_offload.apply(model, "hidden_states")
+    _train_and_compare(model, _frozen_base_llama("cpu"), "cpu", steps=1)
+    handle.remove()
+    layers.remove()
+
+
+def test_users_saved_tensor_hooks_still_get_the_activations():
+    # offload_layers' own hooks hand every tensor that is not an offloaded weight to the hooks that
+    # were active around the model call (here a counting pair standing in for save_on_cpu).
+    plain = _frozen_base_llama("cpu")
+    ours = copy.deepcopy(plain)
+    handle = torch_offload.offload_layers(ours)
+    seen = []
+
+    def pack(t):
+        is_weight = t.untyped_storage().data_ptr() in torch_offload.weight_tokens._installed
+        seen.append(is_weight)
+        return t.clone()
+
+    ids = torch.randint(0, 256, IDS_SHAPE)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = _llama_step(ours, ids, "cpu")
+    assert torch.equal(loss, _llama_step(plain, ids, "cpu"))
+    assert_same_grads(ours, plain)
+    assert len(seen) > 10 and not any(seen), "weights reached the user's hooks"
+    assert handle.stats()["restores"] > 0

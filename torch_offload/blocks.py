@@ -1,0 +1,46 @@
+"""Finding a model's repeated blocks (the decoder layers), and the forward a wrapper should call."""
+from typing import List
+
+from torch import nn
+
+# Attribute paths where Hugging Face decoder-only models keep their layer stack (PEFT models wrap
+# them twice: PeftModel.base_model.model is the transformers model).
+_HF_LAYER_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "transformer.layers",
+                   "gpt_neox.layers", "layers", "base_model.model.model.layers")
+
+
+def _resolve(model: nn.Module, path: str):
+    obj = model
+    for name in path.split("."):
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def find_blocks(model: nn.Module) -> List[nn.Module]:
+    """The repeated blocks of a transformer: the decoder-layer ModuleList of a HF model."""
+    for path in _HF_LAYER_PATHS:
+        layers = _resolve(model, path)
+        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+            return list(layers)
+    raise ValueError(
+        "torch_offload: could not find the model's decoder layers (looked at "
+        + ", ".join(_HF_LAYER_PATHS)
+        + "); pass them explicitly with blocks=[...]"
+    )
+
+
+def current_forward(block: nn.Module):
+    """The forward a new wrapper goes around: an instance-level wrapper installed earlier (layer
+    offloading installs one that must run inside checkpointing and activation hooks), else the
+    class's own forward."""
+    return block.__dict__.get("forward") or type(block).forward.__get__(block)
+
+
+def set_forward(block: nn.Module, forward) -> None:
+    """Installs `forward` (a wrapper), or with None goes back to the class's forward."""
+    if forward is None:
+        block.__dict__.pop("forward", None)
+    else:
+        block.forward = forward

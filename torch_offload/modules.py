@@ -1,0 +1,121 @@
+"""offload_modules(): offload only the activations saved inside chosen submodules.
+
+Megatron's selective offload: pick the submodules whose saved activations are large and whose
+compute hides the copy (core attention, qkv, fc1) and leave everything else resident. While a
+selected module runs in training with grad enabled, the "all"-mode saved-tensor hooks
+(offload_activations) are active; elsewhere nothing changes. The handle's report() says what the
+last forward offloaded (expected_bytes: the distinct storages handed to the engine) and how much
+of it the GPU actually got back (freed_bytes: those storages no longer alive once the copies have
+finished). The two differ when something else still holds a saved tensor's storage, typically a
+module output that is also saved by the next op.
+"""
+import fnmatch
+import threading
+from typing import Iterable, List, Tuple, Union
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from .activations import offload_activations
+
+Target = Union[str, type]
+
+
+def select_modules(model: nn.Module, targets: Iterable[Target]) -> List[Tuple[str, nn.Module]]:
+    """Submodules whose qualified name matches a pattern (fnmatch: "*.self_attn", "*.mlp.up_proj")
+    or whose type is one of the given classes; modules inside a selected one are not repeated."""
+    targets = list(targets)
+    if not targets:
+        raise ValueError("torch_offload: targets is empty")
+    patterns = [t for t in targets if isinstance(t, str)]
+    types = tuple(t for t in targets if isinstance(t, type))
+    if len(patterns) + len(types) != len(targets):
+        raise TypeError("torch_offload: targets must be name patterns (str) or module classes")
+    selected = []
+    for name, module in model.named_modules():
+        if not name or any(name.startswith(parent + ".") for parent, _ in selected):
+            continue
+        if isinstance(module, types) or any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            selected.append((name, module))
+    if not selected:
+        raise ValueError(f"torch_offload: no submodule matches targets={targets!r}")
+    return selected
+
+
+class ModuleOffloadHandle:
+    """What offload_modules() returns: selected modules, manager, report(), stats(), remove()."""
+
+    def __init__(self, model: nn.Module, modules, hooks):
+        self.model = model
+        self.modules = modules
+        self.hooks = hooks
+        self.manager = hooks.manager
+        self._offloaded = {}  # storage data_ptr -> (weak ref to the storage, bytes), last forward
+        self._lock = threading.Lock()
+        self._active = threading.local()
+        self._hook_handles = []
+
+    def stats(self) -> dict:
+        return dict(self.manager.stats())
+
+    def report(self) -> dict:
+        """For the last forward: bytes offloaded (distinct storages) and bytes of those the device
+        no longer holds. Call between forward and backward (backward frees everything anyway)."""
+        self.manager.synchronize()  # copies done: the engine no longer holds any source
+        with self._lock:
+            entries = list(self._offloaded.values())
+        expected = sum(nbytes for _, nbytes in entries)
+        freed = sum(nbytes for ref, nbytes in entries if ref.expired())
+        return {"expected_bytes": expected, "freed_bytes": freed, "storages": len(entries)}
+
+    def remove(self) -> None:
+        for hook in self._hook_handles:
+            hook.remove()
+        self._hook_handles = []
+
+    def _record(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        with self._lock:
+            if storage.data_ptr() not in self._offloaded:
+                self._offloaded[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
+
+    def _new_forward(self, module, args):
+        if torch.is_grad_enabled():
+            with self._lock:
+                self._offloaded = {}
+
+    def _enter(self, module, args):
+        stack = self._active.__dict__.setdefault("stack", [])
+        active = module.training and torch.is_grad_enabled()
+        if active:
+            self.hooks.__enter__()
+        stack.append(active)
+
+    def _exit(self, module, args, output):
+        stack = self._active.__dict__.get("stack")
+        if stack and stack.pop():
+            self.hooks.__exit__(None, None, None)
+
+
+def offload_modules(model: nn.Module, targets: Iterable[Target], *, min_bytes: int = 1 << 20,
+                    manager=None, **manager_options) -> ModuleOffloadHandle:
+    """Offloads the activations saved inside the submodules `targets` selects (see select_modules)
+    in "all" mode: asynchronous, bounded copies, prefetched in backward. Parameters, buffers and
+    tensors under `min_bytes` stay. Options as for offload_activations (max_in_flight,
+    prefetch_depth, host_budget_bytes) or a ready `manager`."""
+    modules = select_modules(model, targets)
+    resident = list(model.parameters()) + list(model.buffers())
+    handle = None
+
+    def record(t):
+        handle._record(t)
+
+    hooks = offload_activations("all", manager=manager, keep=resident, min_bytes=min_bytes,
+                                on_offload=record, **manager_options)
+    handle = ModuleOffloadHandle(model, modules, hooks)
+    handle._hook_handles.append(model.register_forward_pre_hook(handle._new_forward))
+    for _, module in modules:
+        handle._hook_handles.append(module.register_forward_pre_hook(handle._enter))
+        handle._hook_handles.append(module.register_forward_hook(handle._exit, always_call=True))
+    return handle
