@@ -19,8 +19,8 @@
 #   BENCH_VARIANTS=none,ckpt,save_on_cpu,ours   (hf_offload is also available)
 #   BENCH_VARIANT_BUDGET_S=30      per (variant, seq) run, warm-up included: fewer steps at long seqs
 #   BENCH_ARGS="..."               extra arguments for bench_hidden_states.py (e.g. "--steps 10")
-#   BENCHES="hidden_states"        benchmarks to run, from: hidden_states activations compile
-#   ACT_ARGS="..."                 extra arguments for bench_activations.py / bench_compile.py
+#   BENCHES="hidden_states"        benchmarks to run, from: hidden_states activations compile layers modules
+#   ACT_ARGS="..."                 extra arguments for bench_{activations,compile,layers,modules}.py
 #   BENCH_TIMEOUT_S=560            limit for each of those two
 #   TOTAL_BUDGET_S=540             the whole script's time target
 #   SKIP_TESTS=1                   build the library only; no ctest, no pytest
@@ -186,7 +186,7 @@ else
 fi
 
 # ---------------------------------------------------------------- benchmarks
-# BENCHES picks the benchmarks (space-separated): hidden_states activations compile.
+# BENCHES picks the benchmarks (space-separated): hidden_states activations compile layers modules.
 for bench in ${BENCHES:-hidden_states}; do
   if [ "$SKIP_BENCH" = 1 ]; then
     echo "bench   skipped         SKIP_BENCH=1" >>"$SUMMARY"
@@ -205,7 +205,7 @@ for bench in ${BENCHES:-hidden_states}; do
         --variant-budget-s "$BENCH_VARIANT_BUDGET_S" --deadline-s "$left" --out "$OUTDIR" \
         ${extra[@]+"${extra[@]}"} 2>&1 | tee -a "$BENCH_LOG" || rc=$?
       ;;
-    activations | compile)
+    activations | compile | layers | modules)
       read -r -a extra <<<"${ACT_ARGS:-}"
       timeout -k 10 "${BENCH_TIMEOUT_S:-560}" "$PY" "benchmarks/bench_${bench}.py" --out "$OUTDIR" \
         ${extra[@]+"${extra[@]}"} 2>&1 | tee -a "$BENCH_LOG" || rc=$?
