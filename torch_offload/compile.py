@@ -133,8 +133,9 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
     backend="inductor" (default) passes our partitioner through inductor's custom_partitioner_fn
     option, leaving every other inductor setting as it is; backend="aot_eager" runs the same
     partitioned graphs with eager kernels (numerically identical to eager, for checking).
-    Returns the compiled module; `.offload_partitioner` records what each graph offloads and holds
-    the manager (`.offload_partitioner.manager.stats()`). Other keyword arguments (fullgraph=True,
+    Returns the compiled module; `.offload_partitioner` records what each graph offloads (nothing
+    when inductor loads the graphs from its cache: they still call our ops) and holds the manager
+    (`.offload_partitioner.manager.stats()`). Other keyword arguments (fullgraph=True,
     dynamic=...) go to torch.compile.
     """
     # Compiled graphs launch far ahead of the GPU: with saves a layer apart (hidden_states), earlier
