@@ -31,15 +31,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
+from benchmarks.common import GB, REFERENCE, TINY, build_llama, gpu_name, log, pinned_bandwidth, short_gpu_name, sync  # noqa: E402
 
-GB = 1e9
-REFERENCE = dict(layers=24, hidden=2048, intermediate=5632, heads=16, kv_heads=8, vocab=32000)
-TINY = dict(layers=3, hidden=128, intermediate=256, heads=4, kv_heads=2, vocab=512)
 OURS = ("all", "sync", "disk")
-
-
-def log(*a):
-    print(*a, flush=True)
 
 
 def parse_args():
@@ -70,42 +64,7 @@ def parse_args():
 
 
 def build_model(args):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    c = args.config
-    config = LlamaConfig(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["intermediate"],
-                         num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
-                         num_key_value_heads=c["kv_heads"], max_position_embeddings=max(args.seq_list + [args.noise_seq, args.soak_seq]),
-                         attn_implementation="sdpa", use_cache=False)
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    torch.manual_seed(0)
-    with torch.device(args.device):
-        model = LlamaForCausalLM(config).to(dtype)
-    return model.train()
-
-
-def sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def pinned_bandwidth():
-    n = 1 << 30
-    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
-    out = {}
-    for name, dst, src in (("d2h", host, dev), ("h2d", dev, host)):
-        best = float("inf")
-        for _ in range(3):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            dst.copy_(src, non_blocking=True)
-            torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t)
-        out[name + "_GBps"] = n / best / GB
-    del host, dev
-    torch.cuda.empty_cache()
-    return out
+    return build_llama(args.config, args.device, max(args.seq_list + [args.noise_seq, args.soak_seq]))
 
 
 def enable(model, variant, args):
@@ -257,8 +216,7 @@ def main():
     args = parse_args()
     result = {"command": " ".join(shlex.quote(a) for a in sys.argv), "date": datetime.datetime.now().isoformat(),
               "torch": torch.__version__, "config": args.config, "runs": []}
-    result["gpu"] = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    name = "cpu" if args.device == "cpu" else result["gpu"].split()[-1].split("-")[0].lower().replace(" ", "")
+    result["gpu"], name = gpu_name(args.device), short_gpu_name(args.device)
     if args.device == "cuda":
         result["bandwidth"] = pinned_bandwidth()
         log("bandwidth", result["bandwidth"])

@@ -30,15 +30,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
+from benchmarks.common import GB, LLAMA3_8B, TINY, build_llama, log, pinned_bandwidth, short_gpu_name, gpu_name, sync  # noqa: E402
 
-GB = 1e9
-LLAMA3_8B = dict(layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, vocab=128256)
-TINY = dict(layers=3, hidden=128, intermediate=256, heads=4, kv_heads=2, vocab=512)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def log(*a):
-    print(*a, flush=True)
 
 
 class LoRALinear(nn.Module):
@@ -58,50 +52,15 @@ class LoRALinear(nn.Module):
 
 
 def build_model(args):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    c = args.config
-    config = LlamaConfig(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["intermediate"],
-                         num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
-                         num_key_value_heads=c["kv_heads"], max_position_embeddings=max(args.seq_list),
-                         attn_implementation="sdpa", use_cache=False)
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    torch.manual_seed(0)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # initialise in bf16: an fp32 8B model would not fit beside it
-    try:
-        with torch.device(args.device):
-            model = LlamaForCausalLM(config)
-            model.requires_grad_(False)
-            for layer in model.model.layers:
-                for parent in (layer.self_attn, layer.mlp):
-                    for name in LORA_TARGETS:
-                        if hasattr(parent, name):
-                            setattr(parent, name, LoRALinear(getattr(parent, name), args.rank))
-    finally:
-        torch.set_default_dtype(previous)
-    return model.train()
-
-
-def sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def pinned_h2d_bandwidth():
-    n = 1 << 30
-    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
-    best = float("inf")
-    for _ in range(3):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        dev.copy_(host, non_blocking=True)
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t)
-    del host, dev
-    torch.cuda.empty_cache()
-    return n / best / GB
+    """The 8B-shaped model with every weight frozen and LoRA adapters on each layer's linears."""
+    model = build_llama(args.config, args.device, max(args.seq_list))
+    model.requires_grad_(False)
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name in LORA_TARGETS:
+                if hasattr(parent, name):
+                    setattr(parent, name, LoRALinear(getattr(parent, name), args.rank))
+    return model
 
 
 def frozen_layer_bytes(model):
@@ -220,10 +179,9 @@ def main():
 
     result = {"command": " ".join(shlex.quote(a) for a in sys.argv), "date": datetime.datetime.now().isoformat(),
               "torch": torch.__version__, "config": args.config, "rank": args.rank, "runs": []}
-    result["gpu"] = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    name = "cpu" if args.device == "cpu" else result["gpu"].split()[-1].split("-")[0].lower()
+    result["gpu"], name = gpu_name(args.device), short_gpu_name(args.device)
     if args.device == "cuda":
-        result["h2d_GBps"] = pinned_h2d_bandwidth()
+        result["h2d_GBps"] = pinned_bandwidth()["h2d_GBps"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = build_model(args)

@@ -28,34 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-
-GB = 1e9
-REFERENCE = dict(layers=24, hidden=2048, intermediate=5632, heads=16, kv_heads=8, vocab=32000)
-TINY = dict(layers=3, hidden=128, intermediate=256, heads=4, kv_heads=2, vocab=512)
-
-
-def log(*a):
-    print(*a, flush=True)
-
-
-def build_model(args):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    c = args.config
-    config = LlamaConfig(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["intermediate"],
-                         num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
-                         num_key_value_heads=c["kv_heads"], max_position_embeddings=max(args.seq_list),
-                         attn_implementation="sdpa", use_cache=False)
-    torch.manual_seed(0)
-    with torch.device(args.device):
-        model = LlamaForCausalLM(config).to(torch.bfloat16 if args.device == "cuda" else torch.float32)
-    return model.train()
-
-
-def sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
+from benchmarks.common import GB, REFERENCE, TINY, build_llama, gpu_name, log, short_gpu_name, sync  # noqa: E402
 
 def run_variant(model, targets, seq, args):
     handle = torch_offload.apply(model, "modules", targets=targets, min_bytes=args.min_bytes) if targets else None
@@ -166,11 +139,10 @@ def main():
 
     result = {"command": " ".join(shlex.quote(a) for a in sys.argv), "date": datetime.datetime.now().isoformat(),
               "torch": torch.__version__, "config": args.config, "runs": []}
-    result["gpu"] = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    name = "cpu" if args.device == "cpu" else result["gpu"].split()[-1].split("-")[0].lower()
+    result["gpu"], name = gpu_name(args.device), short_gpu_name(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model = build_model(args)
+    model = build_llama(args.config, args.device, max(args.seq_list))
 
     t0 = time.time()
     for seq in args.seq_list:

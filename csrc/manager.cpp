@@ -223,21 +223,33 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
     entry.prefetched = at::Tensor();
     transfer->compute_waits_for(entry.prefetch_done, device);
     counters_.prefetch_hits++;
-  } else if (transfer != nullptr) {
-    FencePtr done;
-    std::tie(out, done) = transfer->copy_to_device(entry.host_view, device, entry.to_host_done);
+  } else {
+    out = copy_for_restore_locked(entry, entry.host_view, device, transfer);
+  }
+  finish_restore_locked(entry, out, device, transfer);
+  return out;
+}
+
+at::Tensor Manager::copy_for_restore_locked(Entry& entry, const at::Tensor& host,
+                                            c10::Device device, DeviceTransfer* transfer) {
+  if (transfer != nullptr) {
+    auto [out, done] = transfer->copy_to_device(host, device, entry.to_host_done);
     entry.last_fence = done;
     transfer->compute_waits_for(done, device);
-  } else {
-    if (entry.to_host_done) entry.to_host_done->synchronize();  // source was on a device
-    out = at::empty(handle.sizes(), handle.options());
-    out.copy_(entry.host_view);
+    return out;
   }
+  if (entry.to_host_done) entry.to_host_done->synchronize();  // source was on a device
+  at::Tensor out = at::empty(host.sizes(), host.options());
+  out.copy_(host);
+  return out;
+}
+
+void Manager::finish_restore_locked(Entry& entry, const at::Tensor& out, c10::Device device,
+                                    DeviceTransfer* transfer) {
   entry.restored = true;
   counters_.restores++;
   counters_.bytes_to_device += static_cast<int64_t>(out.nbytes());
   if (!config_.synchronous) prefetch_before_locked(entry, device, transfer);
-  return out;
 }
 
 void Manager::prefetch(const at::Tensor& handle, c10::Device device) {

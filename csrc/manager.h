@@ -115,6 +115,12 @@ class Manager : public std::enable_shared_from_this<Manager> {
   void on_handle_freed(const HostBlock& block);
   void check_unmodified(const Entry& entry) const;
   void prefetch_before_locked(const Entry& restored, c10::Device device, DeviceTransfer* transfer);
+  // The device copy of `host` (the entry's data) for a restore, ordered before compute-stream use.
+  at::Tensor copy_for_restore_locked(Entry& entry, const at::Tensor& host, c10::Device device,
+                                     DeviceTransfer* transfer);
+  // Counts a restore of `out` from `entry` and prefetches what backward needs next.
+  void finish_restore_locked(Entry& entry, const at::Tensor& out, c10::Device device,
+                             DeviceTransfer* transfer);
 
   struct ToHostCopy {
     FencePtr done;  // null when the copy was synchronous

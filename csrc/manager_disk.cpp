@@ -129,18 +129,11 @@ at::Tensor Manager::restore_from_disk(const void* key, c10::Device device, Devic
   }
   const at::Tensor host =
       at::from_blob(source.ptr, entry.host_view.sizes(), entry.host_view.options());
-  at::Tensor out;
-  FencePtr fence;
-  if (transfer != nullptr) {
-    std::tie(out, fence) = transfer->copy_to_device(host, device, entry.to_host_done);
-    transfer->compute_waits_for(fence, device);
-    entry.last_fence = fence;
-  } else {
-    out = at::empty(host.sizes(), host.options());
-    out.copy_(host);
-  }
+  const at::Tensor out = copy_for_restore_locked(entry, host, device, transfer);
   if (from_read) {
+    // The read staging buffer goes back to its pool once the device copy has read it.
     auto pool = staging_pool_;
+    const FencePtr fence = transfer != nullptr ? entry.last_fence : nullptr;
     if (fence) {
       releaser_.release_after([fence] { fence->synchronize(); },
                               [pool, source] { pool->release(source); },
@@ -149,10 +142,7 @@ at::Tensor Manager::restore_from_disk(const void* key, c10::Device device, Devic
       pool->release(source);
     }
   }
-  entry.restored = true;
-  counters_.restores++;
-  counters_.bytes_to_device += static_cast<int64_t>(entry.nbytes);
-  if (!config_.synchronous) prefetch_before_locked(entry, device, transfer);
+  finish_restore_locked(entry, out, device, transfer);
   return out;
 }
 
