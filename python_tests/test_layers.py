@@ -228,3 +228,87 @@ def test_users_saved_tensor_hooks_still_get_the_activations():
     assert_same_grads(ours, plain)
     assert len(seen) > 10 and not any(seen), "weights reached the user's hooks"
     assert handle.stats()["restores"] > 0
+
+
+def test_exception_inside_a_layer_puts_the_host_weights_back():
+    model = _frozen_base_llama("cpu")
+    torch_offload.offload_layers(model)
+    host_weight = model.model.layers[1].mlp.gate_proj.weight
+
+    def fail(module, args):
+        raise ValueError("boom")
+
+    hook = model.model.layers[1].mlp.register_forward_pre_hook(fail)
+    ids = torch.randint(0, 256, IDS_SHAPE)
+    with pytest.raises(ValueError, match="boom"):
+        model(input_ids=ids, labels=ids)
+    hook.remove()
+    assert model.model.layers[1].mlp.gate_proj.weight is host_weight
+    assert not torch_offload.weight_tokens._installed
+    _train_and_compare(model, _frozen_base_llama("cpu"), "cpu", steps=1)
+
+
+def test_inference_and_retained_graphs():
+    plain = _frozen_base_llama("cpu")
+    ours = copy.deepcopy(plain)
+    torch_offload.offload_layers(ours)
+    ids = torch.randint(0, 256, IDS_SHAPE)
+    with torch.no_grad():
+        assert torch.equal(ours.eval()(input_ids=ids).logits, plain.eval()(input_ids=ids).logits)
+    ours.train(), plain.train()
+    # backward twice over one graph: the weight tokens are fetched again the second time
+    for m in (ours, plain):
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward(retain_graph=True)
+        loss.backward()
+    assert_same_grads(ours, plain)
+
+
+def _wide_frozen_llama(device):
+    """Layers whose weights (12.6 MB each in fp32) dwarf the activations of a short sequence."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1536, num_hidden_layers=6,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=64,
+                         attn_implementation="sdpa", use_cache=False)
+    model = LlamaForCausalLM(config).to(device).train()
+    for name, p in model.named_parameters():
+        if ".layers." in name and "norm" not in name:
+            p.requires_grad_(False)
+    return model
+
+
+def _step_peak_bytes(model, ids):
+    """Peak allocated above the pre-step level during one training step (after a warm-up)."""
+    for measured in (False, True):
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        model(input_ids=ids, labels=ids).loss.backward()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - start
+        model.zero_grad(set_to_none=True)
+    return peak
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_cuda_holds_only_a_few_layers_of_frozen_weights(checkpointing):
+    plain = _wide_frozen_llama("cuda")
+    ours = copy.deepcopy(plain)
+    layer_bytes = sum(p.numel() * p.element_size() for p in plain.model.layers[0].parameters()
+                      if not p.requires_grad)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    handle = torch_offload.apply(ours, "hidden_states" if checkpointing else None, layer_offloading=True)
+    torch.cuda.synchronize()
+    assert before - torch.cuda.memory_allocated() >= handle.layers.offloaded_bytes == 6 * layer_bytes
+    if checkpointing:
+        torch_offload.apply(plain, "hidden_states")
+    ids = torch.randint(0, 256, (1, 16), device="cuda")
+    plain_peak, ours_peak = _step_peak_bytes(plain, ids), _step_peak_bytes(ours, ids)
+    # The installed layer, the next one prefetched, and the last layer prefetched for backward.
+    assert ours_peak <= plain_peak + 3 * layer_bytes + layer_bytes // 4, (ours_peak, plain_peak, layer_bytes)
+    assert handle.layers.stats()["prefetch_hits"] > 0
