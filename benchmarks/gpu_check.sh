@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one script to run on the GPU machine: build (library + C++ tests), ctest, pytest, the demo and
-# the hidden_states benchmark, writing at most 7 files into OUTDIR (no sub-folders):
+# the hidden_states benchmark, writing into OUTDIR (no sub-folders; with more than 8 files, all but
+# summary.txt are packed into gpu_check.tar.gz, as the device tool brings back at most 8):
 #   build.log ctest.log pytest.log bench.log (demo + benchmark output) summary.txt
 #   hidden_states_<gpu>.json hidden_states_<gpu>.md
 #
@@ -234,6 +235,11 @@ done
     echo "RESULT: FAILED (${FAILED[*]})$not_run"
   fi
 } >>"$SUMMARY"
+# The device tool brings back at most 8 files: with more, pack them (summary.txt stays loose).
+if [ "$(find "$OUTDIR" -mindepth 1 -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  (cd "$OUTDIR" && tar czf gpu_check.tar.gz --exclude=summary.txt --exclude=gpu_check.tar.gz ./* &&
+    find . -mindepth 1 -maxdepth 1 -type f ! -name summary.txt ! -name gpu_check.tar.gz -delete)
+fi
 echo
 echo "================================ summary.txt"
 cat "$SUMMARY"
