@@ -268,6 +268,10 @@ void Manager::prefetch(const at::Tensor& handle, c10::Device device) {
     return;
   }
   check_unmodified(entry);
+  start_prefetch_locked(entry, device, transfer);
+}
+
+void Manager::start_prefetch_locked(Entry& entry, c10::Device device, DeviceTransfer* transfer) {
   std::tie(entry.prefetched, entry.prefetch_done) =
       transfer->copy_to_device(entry.host_view, device, entry.to_host_done);
   entry.last_fence = entry.prefetch_done;
@@ -292,11 +296,7 @@ void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
     }
     if (transfer == nullptr) continue;
     budget--;
-    if (candidate.prefetched.defined()) continue;
-    std::tie(candidate.prefetched, candidate.prefetch_done) =
-        transfer->copy_to_device(candidate.host_view, device, candidate.to_host_done);
-    candidate.last_fence = candidate.prefetch_done;
-    counters_.prefetches++;
+    if (!candidate.prefetched.defined()) start_prefetch_locked(candidate, device, transfer);
   }
 }
 
