@@ -95,6 +95,11 @@ def _is_weight(t: torch.Tensor) -> bool:
     return isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad)
 
 
+def resident_tensors(model: torch.nn.Module) -> list:
+    """A model's parameters and buffers: pass as `keep` so that no view of them is offloaded."""
+    return list(model.parameters()) + list(model.buffers())
+
+
 class offload_activations(torch.autograd.graph.saved_tensors_hooks):
     """Context manager: tensors that autograd saves inside it are offloaded.
 

@@ -5,7 +5,7 @@ from typing import Iterable, List, Optional
 import torch
 from torch import nn
 
-from .activations import MODE_ALIASES, canonical_mode, offload_activations
+from .activations import MODE_ALIASES, canonical_mode, offload_activations, resident_tensors
 from .blocks import current_forward, find_blocks, set_forward
 from .checkpoint import checkpoint
 from .layers import offload_layers
@@ -144,8 +144,7 @@ def _apply_mode(model, mode, blocks, manager, layers, targets, manager_options) 
             handle._wrap(block, lambda b, forward: _checkpointed_forward(b, forward, manager))
         return handle
     mode = canonical_mode(mode)
-    resident = list(model.parameters()) + list(model.buffers())
-    hooks = offload_activations(mode, manager=manager, keep=resident, **manager_options)
+    hooks = offload_activations(mode, manager=manager, keep=resident_tensors(model), **manager_options)
     handle = OffloadHandle(model, mode, hooks.manager, layers=layers)
     for block in blocks[:-1]:  # the last block feeds the LM head right away: keep it resident
         handle._wrap(block, lambda b, forward: _hooked_forward(b, forward, hooks))

@@ -12,7 +12,6 @@ and the device copies are dropped, never copied back (they are frozen). The weig
 for backward are packed as tokens (weight_tokens.py) and fetched again, prefetched, in backward.
 Trainable parameters (the adapters) and buffers stay where they are.
 """
-import threading
 from typing import Iterable, List, Optional
 
 import torch
@@ -20,6 +19,7 @@ from torch import nn
 
 from ._ops import offload_restore, offload_save
 from .blocks import current_forward, find_blocks, set_forward
+from .hook_scopes import HookScopes
 from .manager import OffloadManager
 from . import weight_tokens
 
@@ -119,7 +119,7 @@ class LayerOffloadHandle:
         self.manager = manager
         self.layers: List[_Layer] = []
         self._hook_handles = []
-        self._active = threading.local()  # per thread: stack of the hooks pushed per model call
+        self._scopes = HookScopes()  # the weight hooks entered per model call
 
     def stats(self) -> dict:
         return dict(self.manager.stats())
@@ -149,18 +149,10 @@ class LayerOffloadHandle:
     # Outermost saved-tensor hooks for the whole model call: weights saved anywhere that no inner
     # hooks of ours or torch's checkpoint handle become tokens.
     def _enter_model(self, module, args):
-        stack = self._active.__dict__.setdefault("stack", [])
-        hooks = weight_tokens.weight_hooks() if torch.is_grad_enabled() else None
-        if hooks is not None:
-            hooks.__enter__()
-        stack.append(hooks)
+        self._scopes.enter(weight_tokens.weight_hooks() if torch.is_grad_enabled() else None)
 
     def _exit_model(self, module, args, output):
-        stack = self._active.__dict__.get("stack")
-        if stack:
-            hooks = stack.pop()
-            if hooks is not None:
-                hooks.__exit__(None, None, None)
+        self._scopes.exit()
 
 
 def _weights_on_device(layer: _Layer, forward):

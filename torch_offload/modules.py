@@ -17,7 +17,8 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .activations import offload_activations
+from .activations import offload_activations, resident_tensors
+from .hook_scopes import HookScopes
 
 Target = Union[str, type]
 
@@ -53,7 +54,7 @@ class ModuleOffloadHandle:
         self.manager = hooks.manager
         self._offloaded = {}  # storage data_ptr -> (weak ref to the storage, bytes), last forward
         self._lock = threading.Lock()
-        self._active = threading.local()
+        self._scopes = HookScopes()
         self._hook_handles = []
 
     def stats(self) -> dict:
@@ -86,16 +87,10 @@ class ModuleOffloadHandle:
                 self._offloaded = {}
 
     def _enter(self, module, args):
-        stack = self._active.__dict__.setdefault("stack", [])
-        active = module.training and torch.is_grad_enabled()
-        if active:
-            self.hooks.__enter__()
-        stack.append(active)
+        self._scopes.enter(self.hooks if module.training and torch.is_grad_enabled() else None)
 
     def _exit(self, module, args, output):
-        stack = self._active.__dict__.get("stack")
-        if stack and stack.pop():
-            self.hooks.__exit__(None, None, None)
+        self._scopes.exit()
 
 
 def offload_modules(model: nn.Module, targets: Iterable[Target], *, min_bytes: int = 1 << 20,
@@ -105,13 +100,12 @@ def offload_modules(model: nn.Module, targets: Iterable[Target], *, min_bytes: i
     tensors under `min_bytes` stay. Options as for offload_activations (max_in_flight,
     prefetch_depth, host_budget_bytes) or a ready `manager`."""
     modules = select_modules(model, targets)
-    resident = list(model.parameters()) + list(model.buffers())
     handle = None
 
     def record(t):
         handle._record(t)
 
-    hooks = offload_activations("all", manager=manager, keep=resident, min_bytes=min_bytes,
+    hooks = offload_activations("all", manager=manager, keep=resident_tensors(model), min_bytes=min_bytes,
                                 on_offload=record, **manager_options)
     handle = ModuleOffloadHandle(model, modules, hooks)
     handle._hook_handles.append(model.register_forward_pre_hook(handle._new_forward))
