@@ -8,19 +8,9 @@ from torch import nn
 
 import torch_offload
 from conftest import DEVICES, assert_same_grads
-from test_models import _llama_step, _tiny_llama
+from test_models import _steps_match_plain, _tiny_llama
 
 MODES = ["all", "sync", "true", "legacy", True]
-
-
-def _two_steps_match_plain(ours, plain, device, after_step=lambda: None):
-    ids = torch.randint(0, 256, (2, 40), device=device)
-    for _ in range(2):
-        for m in (ours, plain):
-            m.zero_grad(set_to_none=True)
-        assert torch.equal(_llama_step(ours, ids, device), _llama_step(plain, ids, device))
-        assert_same_grads(ours, plain)
-        after_step()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -29,7 +19,7 @@ def test_llama_every_mode_matches_plain_training(device, mode):
     ours = _tiny_llama(device)
     plain = copy.deepcopy(ours)
     handle = torch_offload.apply(ours, mode=mode, min_bytes=0)
-    _two_steps_match_plain(ours, plain, device)
+    _steps_match_plain(ours, plain, device, shape=(2, 40))
     stats = handle.stats()
     assert stats["saves"] > 0 and stats["saves"] == stats["restores"]
     assert stats["live_handles"] == 0 and stats["host_bytes_in_use"] == 0
@@ -168,7 +158,7 @@ def test_disk_mode_matches_plain_training_and_leaves_no_files(device, tmp_path):
     def no_files_left():
         assert _files(tmp_path) == []
 
-    _two_steps_match_plain(ours, plain, device, after_step=no_files_left)
+    _steps_match_plain(ours, plain, device, shape=(2, 40), after_step=no_files_left)
     stats = handle.stats()
     assert stats["disk_bytes_written"] == stats["bytes_to_host"] > 0
     assert stats["disk_bytes_read"] == stats["bytes_to_device"]

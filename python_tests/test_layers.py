@@ -8,7 +8,7 @@ import torch
 
 import torch_offload
 from conftest import DEVICES, assert_same_grads
-from test_models import _llama_step, _tiny_llama
+from test_models import _freeze_layer_weights, _llama_step, _steps_match_plain, _tiny_llama
 
 IDS_SHAPE = (2, 32)
 
@@ -33,22 +33,7 @@ def _lora_llama(device):
 
 
 def _frozen_base_llama(device):
-    """The tiny Llama with every decoder weight frozen except the norms (adapter training without
-    PEFT: trainable and frozen parameters side by side in each layer)."""
-    model = _tiny_llama(device, dropout=0.0)
-    for name, p in model.named_parameters():
-        if ".layers." in name and "norm" not in name:
-            p.requires_grad_(False)
-    return model
-
-
-def _train_and_compare(ours, plain, device, steps=2):
-    ids = torch.randint(0, 256, IDS_SHAPE, device=device)
-    for _ in range(steps):
-        for m in (ours, plain):
-            m.zero_grad(set_to_none=True)
-        assert torch.equal(_llama_step(ours, ids, device), _llama_step(plain, ids, device))
-        assert_same_grads(ours, plain)
+    return _freeze_layer_weights(_tiny_llama(device, dropout=0.0))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -58,7 +43,7 @@ def test_lora_model_matches_plain_training(device, mode):
     ours = copy.deepcopy(plain)
     options = {"min_bytes": 0} if mode == "all" else {}
     handle = torch_offload.apply(ours, mode=mode, layer_offloading=True, **options)
-    _train_and_compare(ours, plain, device)
+    _steps_match_plain(ours, plain, device)
     stats = handle.layers.stats()
     assert stats["bytes_to_device"] > 0 and stats["live_handles"] == 3 * 9  # 7 linears, 2 norms
     for name, p in ours.named_parameters():
@@ -78,7 +63,7 @@ def test_frozen_base_matches_plain_training(device, checkpointing):
         for m in (ours, plain):
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     handle = torch_offload.offload_layers(ours)
-    _train_and_compare(ours, plain, device)
+    _steps_match_plain(ours, plain, device)
     assert handle.offloaded_bytes == sum(
         p.numel() * p.element_size() for n, p in plain.named_parameters() if ".layers." in n and "norm" not in n
     )
@@ -122,7 +107,7 @@ def test_weights_round_trip_through_state_dict_and_remove():
         assert torch.equal(a, b), name
     handle.remove()
     assert all("forward" not in block.__dict__ for block in ours.model.layers)
-    _train_and_compare(ours, plain, "cpu", steps=1)
+    _steps_match_plain(ours, plain, "cpu", steps=1)
     assert handle.stats()["live_handles"] == 0
 
 
@@ -189,7 +174,7 @@ def test_host_budget_exceeded_leaves_the_model_unchanged():
         torch_offload.offload_layers(model, host_budget_bytes=64 << 10)
     assert {n: p.data_ptr() for n, p in model.named_parameters()} == before
     plain = _frozen_base_llama("cpu")
-    _train_and_compare(model, plain, "cpu", steps=1)
+    _steps_match_plain(model, plain, "cpu", steps=1)
 
 
 def test_wrapping_order_is_checked():
@@ -203,7 +188,7 @@ def test_wrapping_order_is_checked():
         torch_offload.offload_layers(model)
     # apply() after offload_layers goes around the weight wrapper, so it still works.
     handle = torch_offload.apply(model, "hidden_states")
-    _train_and_compare(model, _frozen_base_llama("cpu"), "cpu", steps=1)
+    _steps_match_plain(model, _frozen_base_llama("cpu"), "cpu", steps=1)
     handle.remove()
     layers.remove()
 
@@ -245,7 +230,7 @@ def test_exception_inside_a_layer_puts_the_host_weights_back():
     hook.remove()
     assert model.model.layers[1].mlp.gate_proj.weight is host_weight
     assert not torch_offload.weight_tokens._installed
-    _train_and_compare(model, _frozen_base_llama("cpu"), "cpu", steps=1)
+    _steps_match_plain(model, _frozen_base_llama("cpu"), "cpu", steps=1)
 
 
 def test_inference_and_retained_graphs():
@@ -272,11 +257,7 @@ def _wide_frozen_llama(device):
     config = LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1536, num_hidden_layers=6,
                          num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=64,
                          attn_implementation="sdpa", use_cache=False)
-    model = LlamaForCausalLM(config).to(device).train()
-    for name, p in model.named_parameters():
-        if ".layers." in name and "norm" not in name:
-            p.requires_grad_(False)
-    return model
+    return _freeze_layer_weights(LlamaForCausalLM(config).to(device).train())
 
 
 def _step_peak_bytes(model, ids):

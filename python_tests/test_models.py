@@ -35,6 +35,26 @@ def _llama_step(model, ids, device):
     return loss
 
 
+def _steps_match_plain(ours, plain, device, steps=2, shape=(2, 32), after_step=lambda: None):
+    """Trains both models `steps` steps on the same batch: losses and gradients equal bit for bit."""
+    ids = torch.randint(0, 256, shape, device=device)
+    for _ in range(steps):
+        for m in (ours, plain):
+            m.zero_grad(set_to_none=True)
+        assert torch.equal(_llama_step(ours, ids, device), _llama_step(plain, ids, device))
+        assert_same_grads(ours, plain)
+        after_step()
+
+
+def _freeze_layer_weights(model):
+    """Freezes every decoder-layer weight except the norms (adapter training without PEFT:
+    trainable and frozen parameters side by side in each layer)."""
+    for name, p in model.named_parameters():
+        if ".layers." in name and "norm" not in name:
+            p.requires_grad_(False)
+    return model
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_llama_hidden_states_matches_gradient_checkpointing(device):
     ours = _tiny_llama(device)

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import torch_offload
-from conftest import DEVICES, assert_same_grads
-from test_models import _llama_step, _tiny_llama
+from conftest import DEVICES
+from test_models import _freeze_layer_weights, _steps_match_plain, _tiny_llama
 from transformers.models.llama.modeling_llama import LlamaMLP
 
 
@@ -33,12 +33,7 @@ def test_modules_mode_matches_plain_training(device, targets):
     plain = _tiny_llama(device)  # dropout 0.1 inside attention: the RNG must not be disturbed
     ours = copy.deepcopy(plain)
     handle = torch_offload.apply(ours, mode="modules", targets=targets, min_bytes=0)
-    ids = torch.randint(0, 256, (2, 32), device=device)
-    for _ in range(2):
-        for m in (ours, plain):
-            m.zero_grad(set_to_none=True)
-        assert torch.equal(_llama_step(ours, ids, device), _llama_step(plain, ids, device))
-        assert_same_grads(ours, plain)
+    _steps_match_plain(ours, plain, device)
     stats = handle.stats()
     assert stats["saves"] > 0 and stats["saves"] == stats["restores"]
     assert stats["live_handles"] == 0
@@ -116,13 +111,8 @@ def test_modules_mode_arguments_are_checked():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_modules_mode_with_layer_offloading(device):
-    plain = _tiny_llama(device, dropout=0.0)
-    for name, p in plain.named_parameters():
-        if ".layers." in name and "norm" not in name:
-            p.requires_grad_(False)
+    plain = _freeze_layer_weights(_tiny_llama(device, dropout=0.0))
     ours = copy.deepcopy(plain)
     handle = torch_offload.apply(ours, mode="modules", targets=["*.mlp"], min_bytes=0, layer_offloading=True)
-    ids = torch.randint(0, 256, (2, 32), device=device)
-    assert torch.equal(_llama_step(ours, ids, device), _llama_step(plain, ids, device))
-    assert_same_grads(ours, plain)
+    _steps_match_plain(ours, plain, device, steps=1)
     assert handle.stats()["saves"] > 0 and handle.layers.stats()["restores"] > 0
