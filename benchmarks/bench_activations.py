@@ -17,10 +17,7 @@ GPU:       python3 benchmarks/bench_activations.py --out DIR
 CPU smoke: python benchmarks/bench_activations.py --device cpu --tiny --soak-steps 5
 """
 import argparse
-import datetime
-import gc
 import json
-import shlex
 import statistics
 import sys
 import tempfile
@@ -31,32 +28,26 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import GB, REFERENCE, TINY, build_llama, gpu_name, log, pinned_bandwidth, short_gpu_name, sync  # noqa: E402
+from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, log, new_result,  # noqa: E402
+                               pinned_bandwidth, release_memory, short_gpu_name, sync, table)
 
 OURS = ("all", "sync", "disk")
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seqs", default="4096,16384")
+    add_run_args(p, seqs="4096,16384", steps=4)
     p.add_argument("--variants", default="none,save_on_cpu,all,sync,disk")
     p.add_argument("--skip", default="disk@16384", help="variant@seq pairs not to run")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=4)
     p.add_argument("--noise-seq", type=int, default=4096)
     p.add_argument("--soak-seq", type=int, default=2048)
     p.add_argument("--soak-steps", type=int, default=200)
     p.add_argument("--min-bytes", type=int, default=1 << 20)
     p.add_argument("--no-noise", action="store_true", help="skip the bf16 gradient noise-floor check")
     p.add_argument("--disk-dir", default=None)
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--tiny", action="store_true")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    args = p.parse_args()
-    args.config = TINY if args.tiny else REFERENCE
+    args = finish_run_args(p.parse_args(), REFERENCE)
     if args.tiny and "--seqs" not in sys.argv:
-        args.seqs, args.noise_seq, args.soak_seq = "64,128", 64, 64
-    args.seq_list = [int(s) for s in args.seqs.split(",")]
+        args.noise_seq, args.soak_seq = 64, 64
     args.variant_list = args.variants.split(",")
     args.skip_set = set(filter(None, args.skip.split(",")))
     args.disk_dir = args.disk_dir or tempfile.mkdtemp(prefix="torch_offload_bench_")
@@ -122,10 +113,7 @@ def run_variant(model, variant, seq, args):
         if handle is not None:
             handle.manager.empty_pool()
             handle.remove()
-        gc.collect()
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
-            torch._C._host_emptyCache()
+        release_memory(args.device)
 
 
 def flat_grads(model):
@@ -190,17 +178,12 @@ def soak(model, args):
 def markdown(result):
     bw = result.get("bandwidth", {})
     lines = [f"# all / sync / disk modes on {result['gpu']}", "", f"command: `{result['command']}`", "",
-             f"pinned bandwidth: D2H {bw.get('d2h_GBps', float('nan')):.1f} GB/s, H2D {bw.get('h2d_GBps', float('nan')):.1f} GB/s", "",
-             "| seq | variant | step s | tok/s | peak alloc GB | peak reserved GB | D2H GB/step | H2D GB/step | transfer bound s | step / max(none, bound) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["runs"]:
-        if "error" in r:
-            lines.append(f"| {r['seq']} | {r['variant']} | {r['error']} | | | | | | | |")
-            continue
-        f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r else "-"  # noqa: E731
-        lines.append(f"| {r['seq']} | {r['variant']} | {f('step_s', '{:.3f}')} | {f('tokens_per_s', '{:.0f}')} | "
-                     f"{f('peak_allocated_GB')} | {f('peak_reserved_GB')} | {f('d2h_GB_per_step')} | {f('h2d_GB_per_step')} | "
-                     f"{f('transfer_bound_s', '{:.3f}')} | {f('ratio_to_bound')} |")
+             f"pinned bandwidth: D2H {bw.get('d2h_GBps', float('nan')):.1f} GB/s, H2D {bw.get('h2d_GBps', float('nan')):.1f} GB/s", ""]
+    lines += table(result["runs"], [
+        ("step s", "step_s", "{:.3f}"), ("tok/s", "tokens_per_s", "{:.0f}"),
+        ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
+        ("D2H GB/step", "d2h_GB_per_step", "{:.2f}"), ("H2D GB/step", "h2d_GB_per_step", "{:.2f}"),
+        ("transfer bound s", "transfer_bound_s", "{:.3f}"), ("step / max(none, bound)", "ratio_to_bound", "{:.2f}")])
     n = result.get("noise")
     if n:
         lines += ["", f"Gradients at seq {n['seq']} ({n['dtype']}, SDPA), relative L2 error vs plain training: "
@@ -214,9 +197,8 @@ def markdown(result):
 
 def main():
     args = parse_args()
-    result = {"command": " ".join(shlex.quote(a) for a in sys.argv), "date": datetime.datetime.now().isoformat(),
-              "torch": torch.__version__, "config": args.config, "runs": []}
-    result["gpu"], name = gpu_name(args.device), short_gpu_name(args.device)
+    result = new_result(args)
+    name = short_gpu_name(args.device)
     if args.device == "cuda":
         result["bandwidth"] = pinned_bandwidth()
         log("bandwidth", result["bandwidth"])

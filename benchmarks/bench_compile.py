@@ -13,11 +13,7 @@ GPU:       python3 benchmarks/bench_compile.py --out DIR
 CPU smoke: python benchmarks/bench_compile.py --device cpu --tiny
 """
 import argparse
-import copy
-import datetime
-import gc
 import json
-import shlex
 import statistics
 import sys
 import time
@@ -27,50 +23,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
+from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, new_result,  # noqa: E402
+                               release_memory, short_gpu_name, sync, table)
 
-GB = 1e9
-REFERENCE = dict(layers=24, hidden=2048, intermediate=5632, heads=16, kv_heads=8, vocab=32000)
 TINY = dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=256)
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seqs", default="16384,32768")
+    add_run_args(p, seqs="16384,32768", steps=4, warmup=None)  # warm-up: two steps, compile included
     p.add_argument("--variants", default="ckpt_eager,ckpt_compiled,ours_compiled")
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--tiny", action="store_true")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    args = p.parse_args()
-    args.config = TINY if args.tiny else REFERENCE
-    if args.tiny and "--seqs" not in sys.argv:
-        args.seqs = "64"
-    args.seq_list = [int(s) for s in args.seqs.split(",")]
-    return args
-
-
-def build(args, seq):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    c = args.config
-    config = LlamaConfig(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["intermediate"],
-                         num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
-                         num_key_value_heads=c["kv_heads"], max_position_embeddings=seq,
-                         attn_implementation="sdpa", use_cache=False)
-    torch.manual_seed(0)
-    with torch.device(args.device):
-        model = LlamaForCausalLM(config).to(torch.bfloat16 if args.device == "cuda" else torch.float32)
-    return model.train()
-
-
-def sync(args):
-    if args.device == "cuda":
-        torch.cuda.synchronize()
+    return finish_run_args(p.parse_args(), REFERENCE, tiny_shape=TINY, tiny_seqs="64")
 
 
 def run(args, variant, seq):
     torch._dynamo.reset()
-    model = build(args, seq)
+    model = build_llama(args.config, args.device, seq)
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
     if variant == "ckpt_eager":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -88,13 +56,13 @@ def run(args, variant, seq):
 
     row = {"variant": variant, "seq": seq}
     try:
-        sync(args)
+        sync(args.device)
         t = time.perf_counter()
         step()
-        sync(args)
+        sync(args.device)
         first = time.perf_counter() - t
         step()  # a second warm step: lazy backward compilation and allocator warm-up
-        sync(args)
+        sync(args.device)
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         manager = getattr(getattr(step_model, "offload_partitioner", None), "manager", None)
@@ -102,10 +70,10 @@ def run(args, variant, seq):
             manager.reset_stats()
         times = []
         for _ in range(args.steps):
-            sync(args)
+            sync(args.device)
             t = time.perf_counter()
             step()
-            sync(args)
+            sync(args.device)
             times.append(time.perf_counter() - t)
         row["step_s"] = statistics.median(times)
         row["tokens_per_s"] = seq / row["step_s"]
@@ -122,24 +90,17 @@ def run(args, variant, seq):
     except torch.cuda.OutOfMemoryError:
         row["error"] = "OOM"
     del step_model, model
-    gc.collect()
-    if args.device == "cuda":
-        torch.cuda.empty_cache()
+    release_memory(args.device)
     return row
 
 
 def markdown(result):
     lines = [f"# torch.compile: hidden_states vs compiled gradient checkpointing on {result['gpu']}", "",
              f"command: `{result['command']}`", "",
-             "| seq | variant | compile s | step s | tok/s | peak alloc GB | peak reserved GB |",
-             "|---|---|---|---|---|---|---|"]
-    for r in result["runs"]:
-        if "error" in r:
-            lines.append(f"| {r['seq']} | {r['variant']} | {r['error']} | | | | |")
-            continue
-        f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r else "-"  # noqa: E731
-        lines.append(f"| {r['seq']} | {r['variant']} | {f('compile_s', '{:.1f}')} | {f('step_s', '{:.3f}')} | "
-                     f"{f('tokens_per_s', '{:.0f}')} | {f('peak_allocated_GB')} | {f('peak_reserved_GB')} |")
+             ]
+    lines += table(result["runs"], [
+        ("compile s", "compile_s", "{:.1f}"), ("step s", "step_s", "{:.3f}"), ("tok/s", "tokens_per_s", "{:.0f}"),
+        ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}")])
     lines += ["", "| seq | boundary GB | ours/ckpt compiled tok/s | freed GB | freed / boundary | targets met |",
               "|---|---|---|---|---|---|"]
     for s in result["summary"]:
@@ -150,10 +111,8 @@ def markdown(result):
 
 def main():
     args = parse_args()
-    result = {"command": " ".join(shlex.quote(a) for a in sys.argv), "date": datetime.datetime.now().isoformat(),
-              "torch": torch.__version__, "config": args.config, "runs": [], "summary": [],
-              "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
-    name = "cpu" if args.device == "cpu" else result["gpu"].split()[-1].split("-")[0].lower()
+    result = new_result(args, summary=[])
+    name = short_gpu_name(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

@@ -33,7 +33,6 @@ import argparse
 import datetime
 import gc
 import json
-import math
 import os
 import platform
 import re
@@ -52,6 +51,8 @@ try:
 except ImportError:  # running from a source checkout: benchmarks/.. holds the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import torch_offload
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # for benchmarks.common, after any installed package
+from benchmarks.common import pinned_bandwidth  # noqa: E402
 
 GB = 1e9
 ALL_VARIANTS = ("none", "ckpt", "save_on_cpu", "hf_offload", "ours")
@@ -138,32 +139,6 @@ def gpu_names(device):
     m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Za-z]?)\b", full)  # H100, H200, A100, L40S, B200
     short = m.group(1).lower() if m else re.sub(r"[^a-z0-9]+", "-", full.lower()).strip("-")
     return full, short
-
-
-def pinned_bandwidth(device, nbytes=1 << 30, repeats=3):
-    """Best-of-`repeats` pinned D2H and H2D copy of `nbytes`, in GB/s."""
-    if device.type != "cuda":
-        return None
-    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dev.fill_(1)
-    out = {"bytes": nbytes}
-    for name, dst, src in (("d2h_GBps", host, dev), ("h2d_GBps", dev, host)):
-        best = math.inf
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            dst.copy_(src, non_blocking=True)
-            torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t0)
-        out[name] = round(nbytes / best / GB, 2)
-    del dev, host
-    gc.collect()
-    torch.cuda.empty_cache()
-    empty_host = getattr(torch._C, "_host_emptyCache", None)
-    if empty_host is not None:
-        empty_host()
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -538,8 +513,8 @@ def render_markdown(report):
              "memory peaks over the measured steps")
     bw = meta.get("pinned_bandwidth")
     if bw:
-        L.append(f"- pinned copy of {bw['bytes'] / 2**30:.0f} GiB (best of 3): D2H {bw['d2h_GBps']} GB/s, "
-                 f"H2D {bw['h2d_GBps']} GB/s")
+        L.append(f"- pinned copy of {bw['bytes'] / 2**30:.0f} GiB (best of 3): D2H {bw['d2h_GBps']:.2f} GB/s, "
+                 f"H2D {bw['h2d_GBps']:.2f} GB/s")
     L.append(f"- command: `{meta['command']}`")
     L.append("")
     L.append("| seq | variant | status | tok/s | step ms | peak alloc GB | peak reserved GB | "
@@ -703,7 +678,7 @@ def main(argv=None):
 
     if not args.no_bandwidth and device.type == "cuda":
         t0 = time.perf_counter()
-        meta["pinned_bandwidth"] = pinned_bandwidth(device)
+        meta["pinned_bandwidth"] = pinned_bandwidth()
         log(f"[bench] pinned bandwidth {meta['pinned_bandwidth']} ({time.perf_counter() - t0:.1f} s)")
 
     t0 = time.perf_counter()

@@ -16,10 +16,7 @@ GPU:       python3 benchmarks/bench_layers.py --out DIR
 CPU smoke: python benchmarks/bench_layers.py --device cpu --tiny
 """
 import argparse
-import datetime
-import gc
 import json
-import shlex
 import statistics
 import sys
 import time
@@ -30,7 +27,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import GB, LLAMA3_8B, TINY, build_llama, log, pinned_bandwidth, short_gpu_name, gpu_name, sync  # noqa: E402
+from benchmarks.common import (GB, LLAMA3_8B, add_run_args, build_llama, finish_run_args, log, new_result,  # noqa: E402
+                               pinned_bandwidth, release_memory, short_gpu_name, sync, table)
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -113,9 +111,7 @@ def run_variant(model, variant, seq, args):
     finally:
         del optimizer
         handle.remove()
-        gc.collect()
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
+        release_memory(args.device)
 
 
 def evaluate(result):
@@ -144,16 +140,11 @@ def markdown(result):
              f"model: {result['config']}, LoRA rank {result['rank']}; frozen decoder weights "
              f"{result['frozen_layer_bytes'] / GB:.2f} GB (largest layer {result['largest_layer_bytes'] / GB:.3f} GB); "
              f"pinned H2D {result.get('h2d_GBps', float('nan')):.1f} GB/s", "",
-             "| seq | variant | step s | tok/s | peak alloc GB | peak reserved GB | weights H2D GB/step | transfer bound s |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in result["runs"]:
-        if "error" in r:
-            lines.append(f"| {r['seq']} | {r['variant']} | {r['error']} | | | | | |")
-            continue
-        f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r else "-"  # noqa: E731
-        lines.append(f"| {r['seq']} | {r['variant']} | {f('step_s', '{:.3f}')} | {f('tokens_per_s', '{:.0f}')} | "
-                     f"{f('peak_allocated_GB')} | {f('peak_reserved_GB')} | {f('weights_h2d_GB_per_step')} | "
-                     f"{f('transfer_bound_s', '{:.3f}')} |")
+             ""]
+    lines += table(result["runs"], [
+        ("step s", "step_s", "{:.3f}"), ("tok/s", "tokens_per_s", "{:.0f}"),
+        ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
+        ("weights H2D GB/step", "weights_h2d_GB_per_step", "{:.2f}"), ("transfer bound s", "transfer_bound_s", "{:.3f}")])
     for c in result.get("checks", []):
         lines.append("")
         lines.append("seq {seq}: ".format(**c) + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
@@ -163,23 +154,13 @@ def markdown(result):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seqs", default="4096,16384")
+    add_run_args(p, seqs="4096,16384", steps=3)
     p.add_argument("--variants", default="resident,layer_offload")
     p.add_argument("--rank", type=int, default=16)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--tiny", action="store_true")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    args = p.parse_args()
-    args.config = TINY if args.tiny else LLAMA3_8B
-    if args.tiny and "--seqs" not in sys.argv:
-        args.seqs = "64,128"
-    args.seq_list = [int(s) for s in args.seqs.split(",")]
+    args = finish_run_args(p.parse_args(), LLAMA3_8B)
 
-    result = {"command": " ".join(shlex.quote(a) for a in sys.argv), "date": datetime.datetime.now().isoformat(),
-              "torch": torch.__version__, "config": args.config, "rank": args.rank, "runs": []}
-    result["gpu"], name = gpu_name(args.device), short_gpu_name(args.device)
+    result = new_result(args, rank=args.rank)
+    name = short_gpu_name(args.device)
     if args.device == "cuda":
         result["h2d_GBps"] = pinned_bandwidth()["h2d_GBps"]
     out = Path(args.out)

@@ -15,10 +15,7 @@ GPU:       python3 benchmarks/bench_modules.py --out DIR
 CPU smoke: python benchmarks/bench_modules.py --device cpu --tiny
 """
 import argparse
-import datetime
-import gc
 import json
-import shlex
 import statistics
 import sys
 import time
@@ -28,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import GB, REFERENCE, TINY, build_llama, gpu_name, log, short_gpu_name, sync  # noqa: E402
+from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, log, new_result,  # noqa: E402
+                               release_memory, short_gpu_name, sync, table)
 
 def run_variant(model, targets, seq, args):
     handle = torch_offload.apply(model, "modules", targets=targets, min_bytes=args.min_bytes) if targets else None
@@ -78,9 +76,7 @@ def run_variant(model, targets, seq, args):
         if handle is not None:
             handle.manager.empty_pool()
             handle.remove()
-        gc.collect()
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
+        release_memory(args.device)
 
 
 def evaluate(runs):
@@ -89,6 +85,7 @@ def evaluate(runs):
         if r["variant"] == "none" or "error" in r:
             continue
         rep = r["report"]
+        r["expected_GB"], r["freed_GB"] = rep["expected_bytes"] / GB, rep["freed_bytes"] / GB
         r["freed_over_expected"] = rep["freed_bytes"] / rep["expected_bytes"] if rep["expected_bytes"] else None
         base = none.get(r["seq"])
         if base:
@@ -99,47 +96,29 @@ def evaluate(runs):
 
 
 def markdown(result):
-    lines = [f"# modules mode on {result['gpu']}", "", f"command: `{result['command']}`", "",
-             "| seq | variant | step s | step / none | peak alloc GB | alloc after fwd GB | drop vs none GB | "
-             "expected GB | freed GB | freed / expected | D2H GB/step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["runs"]:
-        if "error" in r:
-            lines.append(f"| {r['seq']} | {r['variant']} | {r['error']} |" + " |" * 9)
-            continue
-        f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if r.get(k) is not None else "-"  # noqa: E731
-        rep = r.get("report", {})
-        exp = f"{rep['expected_bytes'] / GB:.2f}" if rep else "-"
-        freed = f"{rep['freed_bytes'] / GB:.2f}" if rep else "-"
-        lines.append(f"| {r['seq']} | {r['variant']} | {f('step_s', '{:.3f}')} | {f('step_ratio_to_none', '{:.3f}')} | "
-                     f"{f('peak_allocated_GB')} | {f('allocated_after_forward_GB')} | {f('device_drop_GB')} | "
-                     f"{exp} | {freed} | {f('freed_over_expected', '{:.3f}')} | {f('d2h_GB_per_step')} |")
+    lines = [f"# modules mode on {result['gpu']}", "", f"command: `{result['command']}`", ""]
+    lines += table(result["runs"], [
+        ("step s", "step_s", "{:.3f}"), ("step / none", "step_ratio_to_none", "{:.3f}"),
+        ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("alloc after fwd GB", "allocated_after_forward_GB", "{:.2f}"),
+        ("drop vs none GB", "device_drop_GB", "{:.2f}"), ("expected GB", "expected_GB", "{:.2f}"),
+        ("freed GB", "freed_GB", "{:.2f}"), ("freed / expected", "freed_over_expected", "{:.3f}"),
+        ("D2H GB/step", "d2h_GB_per_step", "{:.2f}")])
     return "\n".join(lines) + "\n"
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seqs", default="4096,16384")
+    add_run_args(p, seqs="4096,16384", steps=4)
     p.add_argument("--targets", action="append",
                    help="comma-separated patterns, one set per flag (default: *.self_attn)")
     p.add_argument("--min-bytes", type=int, default=1 << 20)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--tiny", action="store_true")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    args = p.parse_args()
-    args.config = TINY if args.tiny else REFERENCE
+    args = finish_run_args(p.parse_args(), REFERENCE)
     if args.tiny:
         args.min_bytes = 0
-        if "--seqs" not in sys.argv:
-            args.seqs = "64,128"
-    args.seq_list = [int(s) for s in args.seqs.split(",")]
     target_sets = [t.split(",") for t in (args.targets or ["*.self_attn"])]
 
-    result = {"command": " ".join(shlex.quote(a) for a in sys.argv), "date": datetime.datetime.now().isoformat(),
-              "torch": torch.__version__, "config": args.config, "runs": []}
-    result["gpu"], name = gpu_name(args.device), short_gpu_name(args.device)
+    result = new_result(args)
+    name = short_gpu_name(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = build_llama(args.config, args.device, max(args.seq_list))

@@ -1,6 +1,11 @@
 """What the benchmark scripts share: model shapes, the random-init Llama builder, pinned-memory
 bandwidth, and small helpers. Import after putting the repository root on sys.path."""
+import datetime
+import gc
+import shlex
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -50,11 +55,61 @@ def build_llama(shape: dict, device: str, max_positions: int):
     return model.train()
 
 
+def add_run_args(parser, seqs: str, steps: int, warmup=2) -> None:
+    """The options every benchmark has: sequence lengths, warm-up (None: the script has none) and
+    measured steps, device, the tiny smoke-test model, output folder."""
+    parser.add_argument("--seqs", default=seqs)
+    if warmup is not None:
+        parser.add_argument("--warmup", type=int, default=warmup)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--tiny", action="store_true", help="a tiny model, for CPU smoke runs")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+
+
+def finish_run_args(args, shape: dict, tiny_shape: dict = TINY, tiny_seqs: str = "64,128"):
+    """Sets args.config (the model shape) and args.seq_list; tiny runs default to short sequences."""
+    args.config = tiny_shape if args.tiny else shape
+    if args.tiny and "--seqs" not in sys.argv:
+        args.seqs = tiny_seqs
+    args.seq_list = [int(s) for s in args.seqs.split(",")]
+    return args
+
+
+def new_result(args, **extra) -> dict:
+    """The header every results JSON starts with: the command, when, torch, model shape, device."""
+    return {"command": " ".join(shlex.quote(a) for a in sys.argv), "date": datetime.datetime.now().isoformat(),
+            "torch": torch.__version__, "config": args.config, "gpu": gpu_name(args.device), "runs": [], **extra}
+
+
+def release_memory(device) -> None:
+    """Between runs: collect garbage, return cached device and pinned host memory."""
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch._C._host_emptyCache()
+
+
+def table(runs, columns) -> list:
+    """Markdown table lines for benchmark runs: seq, variant, then `columns` as (title, key, format);
+    a missing value shows "-", a failed run its error."""
+    lines = ["| seq | variant | " + " | ".join(title for title, _, _ in columns) + " |",
+             "|---|---|" + "---|" * len(columns)]
+    for r in runs:
+        if "error" in r:
+            cells = [r["error"]] + [""] * (len(columns) - 1)
+        else:
+            cells = [fmt.format(r[key]) if r.get(key) is not None else "-" for _, key, fmt in columns]
+        lines.append(f"| {r['seq']} | {r['variant']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def pinned_bandwidth(nbytes: int = 1 << 30, repeats: int = 3) -> dict:
-    """Best-of-`repeats` pinned host<->device copy bandwidth in GB/s: {"d2h_GBps", "h2d_GBps"}."""
+    """Best-of-`repeats` pinned host<->device copy bandwidth in GB/s: {"bytes", "d2h_GBps",
+    "h2d_GBps"}."""
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    out = {}
+    out = {"bytes": nbytes}
     for name, dst, src in (("d2h", host, dev), ("h2d", dev, host)):
         best = float("inf")
         for _ in range(repeats):
@@ -65,5 +120,5 @@ def pinned_bandwidth(nbytes: int = 1 << 30, repeats: int = 3) -> dict:
             best = min(best, time.perf_counter() - t)
         out[name + "_GBps"] = nbytes / best / GB
     del host, dev
-    torch.cuda.empty_cache()
+    release_memory("cuda")
     return out
