@@ -18,7 +18,6 @@ CPU smoke: python benchmarks/bench_activations.py --device cpu --tiny --soak-ste
 """
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
 from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, log, new_result,  # noqa: E402
-                               pinned_bandwidth, release_memory, short_gpu_name, sync, table)
+                               pinned_bandwidth, release_memory, short_gpu_name, sync, table, timed_steps)
 
 OURS = ("all", "sync", "disk")
 
@@ -88,18 +87,8 @@ def run_variant(model, variant, seq, args):
             handle.manager.reset_stats()
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        times = []
-        for _ in range(args.steps):
-            sync(args.device)
-            t = time.perf_counter()
-            step(model, ids, ctx)
-            sync(args.device)
-            times.append(time.perf_counter() - t)
-        row = {"variant": variant, "seq": seq, "step_s": statistics.median(times), "times_s": times}
-        row["tokens_per_s"] = seq / row["step_s"]
-        if args.device == "cuda":
-            row["peak_allocated_GB"] = torch.cuda.max_memory_allocated() / GB
-            row["peak_reserved_GB"] = torch.cuda.max_memory_reserved() / GB
+        row = {"variant": variant, "seq": seq,
+               **timed_steps(lambda: step(model, ids, ctx), args.steps, seq, args.device)}
         if handle is not None:
             handle.manager.synchronize()
             stats = handle.stats()

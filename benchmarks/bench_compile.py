@@ -14,7 +14,6 @@ CPU smoke: python benchmarks/bench_compile.py --device cpu --tiny
 """
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
 from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, new_result,  # noqa: E402
-                               release_memory, short_gpu_name, sync, table)
+                               release_memory, short_gpu_name, sync, table, timed_steps)
 
 TINY = dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=256)
 
@@ -68,19 +67,8 @@ def run(args, variant, seq):
         manager = getattr(getattr(step_model, "offload_partitioner", None), "manager", None)
         if manager is not None:
             manager.reset_stats()
-        times = []
-        for _ in range(args.steps):
-            sync(args.device)
-            t = time.perf_counter()
-            step()
-            sync(args.device)
-            times.append(time.perf_counter() - t)
-        row["step_s"] = statistics.median(times)
-        row["tokens_per_s"] = seq / row["step_s"]
+        row.update(timed_steps(step, args.steps, seq, args.device))
         row["compile_s"] = first - row["step_s"]
-        if args.device == "cuda":
-            row["peak_allocated_GB"] = torch.cuda.max_memory_allocated() / GB
-            row["peak_reserved_GB"] = torch.cuda.max_memory_reserved() / GB
         if manager is not None:
             stats = dict(manager.stats())
             row["offloaded_per_graph"] = [len(n) for n in step_model.offload_partitioner.offloaded]

@@ -17,7 +17,6 @@ CPU smoke: python benchmarks/bench_layers.py --device cpu --tiny
 """
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
 from benchmarks.common import (GB, LLAMA3_8B, add_run_args, build_llama, finish_run_args, log, new_result,  # noqa: E402
-                               pinned_bandwidth, release_memory, short_gpu_name, sync, table)
+                               pinned_bandwidth, release_memory, short_gpu_name, sync, table, timed_steps)
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -89,18 +88,7 @@ def run_variant(model, variant, seq, args):
             handle.layers.manager.reset_stats()
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        times = []
-        for _ in range(args.steps):
-            sync(args.device)
-            t = time.perf_counter()
-            step()
-            sync(args.device)
-            times.append(time.perf_counter() - t)
-        row = {"variant": variant, "seq": seq, "step_s": statistics.median(times), "times_s": times}
-        row["tokens_per_s"] = seq / row["step_s"]
-        if args.device == "cuda":
-            row["peak_allocated_GB"] = torch.cuda.max_memory_allocated() / GB
-            row["peak_reserved_GB"] = torch.cuda.max_memory_reserved() / GB
+        row = {"variant": variant, "seq": seq, **timed_steps(step, args.steps, seq, args.device)}
         if handle.layers is not None:
             stats = handle.layers.stats()
             row["layer_stats"] = stats

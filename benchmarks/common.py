@@ -3,6 +3,7 @@ bandwidth, and small helpers. Import after putting the repository root on sys.pa
 import datetime
 import gc
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -88,6 +89,24 @@ def release_memory(device) -> None:
     if device == "cuda":
         torch.cuda.empty_cache()
         torch._C._host_emptyCache()
+
+
+def timed_steps(step, steps: int, seq: int, device) -> dict:
+    """Runs `step` `steps` times, each between device syncs: median and every step time, tokens/s
+    and, on CUDA, peak allocated / reserved memory since the caller last reset the peaks."""
+    times = []
+    for _ in range(steps):
+        sync(device)
+        start = time.perf_counter()
+        step()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    row = {"step_s": statistics.median(times), "times_s": times}
+    row["tokens_per_s"] = seq / row["step_s"]
+    if device == "cuda":
+        row["peak_allocated_GB"] = torch.cuda.max_memory_allocated() / GB
+        row["peak_reserved_GB"] = torch.cuda.max_memory_reserved() / GB
+    return row
 
 
 def table(runs, columns) -> list:
