@@ -103,7 +103,7 @@ def apply(
         raise ValueError("torch_offload.apply: manager and its options are for activation offloading "
                          "(mode=None has none; offload_layers takes its own)")
     blocks = list(blocks) if blocks is not None else None
-    if mode in ("hidden_states", True) or mode in MODE_ALIASES or layer_offloading:
+    if mode not in (None, "modules") or layer_offloading:  # modes that wrap the blocks
         blocks = blocks if blocks is not None else find_blocks(model)
         if not blocks:
             raise ValueError("torch_offload.apply: blocks is empty")

@@ -47,11 +47,12 @@ def select_modules(model: nn.Module, targets: Iterable[Target]) -> List[Tuple[st
 class ModuleOffloadHandle:
     """What offload_modules() returns: selected modules, manager, report(), stats(), remove()."""
 
-    def __init__(self, model: nn.Module, modules, hooks):
+    def __init__(self, model: nn.Module, modules, hooks_options: dict):
         self.model = model
         self.modules = modules
-        self.hooks = hooks
-        self.manager = hooks.manager
+        self.hooks = offload_activations("all", keep=resident_tensors(model), on_offload=self._record,
+                                         **hooks_options)
+        self.manager = self.hooks.manager
         self._offloaded = {}  # storage data_ptr -> (weak ref to the storage, bytes), last forward
         self._lock = threading.Lock()
         self._scopes = HookScopes()
@@ -99,17 +100,10 @@ def offload_modules(model: nn.Module, targets: Iterable[Target], *, min_bytes: i
     in "all" mode: asynchronous, bounded copies, prefetched in backward. Parameters, buffers and
     tensors under `min_bytes` stay. Options as for offload_activations (max_in_flight,
     prefetch_depth, host_budget_bytes) or a ready `manager`."""
-    modules = select_modules(model, targets)
-    handle = None
-
-    def record(t):
-        handle._record(t)
-
-    hooks = offload_activations("all", manager=manager, keep=resident_tensors(model), min_bytes=min_bytes,
-                                on_offload=record, **manager_options)
-    handle = ModuleOffloadHandle(model, modules, hooks)
+    handle = ModuleOffloadHandle(model, select_modules(model, targets),
+                                 dict(manager=manager, min_bytes=min_bytes, **manager_options))
     handle._hook_handles.append(model.register_forward_pre_hook(handle._new_forward))
-    for _, module in modules:
+    for _, module in handle.modules:
         handle._hook_handles.append(module.register_forward_pre_hook(handle._enter))
         handle._hook_handles.append(module.register_forward_hook(handle._exit, always_call=True))
     return handle
