@@ -1,18 +1,26 @@
 #!/usr/bin/env python3
-"""torch.compile benchmark: the reference model (DESIGN.md; bf16, SDPA, batch 1) compiled with torch's
-gradient checkpointing versus compiled with torch_offload's `hidden_states` mode (the same
-checkpointing, plus the partition-time pass that offloads the checkpoint inputs through our ops),
-in one process, per sequence length. Eager gradient checkpointing is reported beside them.
+"""torch.compile benchmark on the reference model (DESIGN.md; bf16, SDPA, batch 1), one process,
+per sequence length. Variants:
+  ckpt_eager       eager torch gradient checkpointing (for scale)
+  ckpt_compiled    torch.compile of the model under torch's gradient checkpointing (the baseline)
+  sac_compiled     the same with torch's selective checkpointing keeping the attention outputs
+  torch_ao         ckpt_compiled with torch 2.11's own compile-time offloading
+                   (torch._functorch.config.enable_activation_offloading, every joint node marked)
+  ours_compiled    torch_offload.compile(mode="hidden_states")
+  ours_selective   torch_offload.compile(mode="selective"): attention outputs offloaded, not recomputed
+  ours_all         torch_offload.compile(mode="all") (no checkpointing)
 
 Per run: compile time (first step minus a steady step), median step time, tokens/s, peak
-allocated / reserved memory. Per seq: boundary bytes L*S*h*2, freed = peak(ckpt compiled) -
-peak(ours compiled), and the targets (throughput >= 1.0x compiled checkpointing; freed >= 95% of
-the boundary bytes).
+allocated / reserved memory, the forward's peak, and with --timeline the allocated-memory timeline
+of one step (plot it with benchmarks/plot_timeline.py). Per seq: boundary bytes L*S*h*2, ratios to
+ckpt_compiled, freed = peak(ckpt_compiled) - peak(variant).
 
 GPU:       python3 benchmarks/bench_compile.py --out DIR
 CPU smoke: python benchmarks/bench_compile.py --device cpu --tiny
 """
 import argparse
+import contextlib
+import functools
 import json
 import sys
 import time
@@ -22,6 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
+from torch.utils.checkpoint import create_selective_checkpoint_contexts  # noqa: E402
+from torch_offload.compile import ATTENTION_OPS  # noqa: E402
+from benchmarks.peak_memory import timeline  # noqa: E402
 from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, new_result,  # noqa: E402
                                release_memory, short_gpu_name, sync, table, timed_steps)
 
@@ -31,23 +42,51 @@ TINY = dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=25
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, seqs="16384,32768", steps=4, warmup=None)  # warm-up: two steps, compile included
-    p.add_argument("--variants", default="ckpt_eager,ckpt_compiled,ours_compiled")
+    p.add_argument("--variants", default="ckpt_compiled,sac_compiled,ours_compiled,ours_selective")
+    p.add_argument("--timeline", default="", help="variants whose one-step memory timeline to record")
     return finish_run_args(p.parse_args(), REFERENCE, tiny_shape=TINY, tiny_seqs="64")
+
+
+def _saving_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _mark_all(gm, _inputs):
+    for node in gm.graph.nodes:
+        node.meta["should_offload"] = True
+    return gm
+
+
+def build(variant, model):
+    """The model to step for `variant`, and the config patch its compile and steps run under."""
+    ckpt = {"use_reentrant": False}
+    if variant == "sac_compiled":
+        ckpt["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _saving_policy)
+    patch = contextlib.nullcontext()
+    if variant in ("ckpt_eager", "ckpt_compiled", "sac_compiled", "torch_ao"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt)
+    if variant == "ckpt_eager":
+        return model, patch
+    if variant == "torch_ao":
+        patch = torch._functorch.config.patch(enable_activation_offloading=True, joint_custom_pass=_mark_all)
+    if variant in ("ckpt_compiled", "sac_compiled", "torch_ao"):
+        return torch.compile(model, fullgraph=True, dynamic=False), patch
+    mode = {"ours_compiled": "hidden_states", "ours_selective": "selective", "ours_all": "all"}[variant]
+    return torch_offload.compile(model, mode, fullgraph=True, dynamic=False), patch
 
 
 def run(args, variant, seq):
     torch._dynamo.reset()
     model = build_llama(args.config, args.device, seq)
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
-    if variant == "ckpt_eager":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        step_model = model
-    elif variant == "ckpt_compiled":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        step_model = torch.compile(model, fullgraph=True, dynamic=False)
-    else:
-        step_model = torch_offload.compile(model, "hidden_states", fullgraph=True, dynamic=False)
+    step_model, patch = build(variant, model)
+    with patch:
+        return measure(args, variant, seq, model, step_model, ids)
 
+
+def measure(args, variant, seq, model, step_model, ids):
     def step():
         loss = step_model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -69,6 +108,12 @@ def run(args, variant, seq):
             manager.reset_stats()
         row.update(timed_steps(step, args.steps, seq, args.device))
         row["compile_s"] = first - row["step_s"]
+        if variant in args.timeline.split(",") and args.device == "cuda":
+            baseline = torch.cuda.memory_allocated()
+            torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+            step()
+            row["timeline_GB"] = timeline(torch.cuda.memory._snapshot(), baseline)
+            torch.cuda.memory._record_memory_history(enabled=None)
         if manager is not None:
             stats = dict(manager.stats())
             row["offloaded_per_graph"] = [len(n) for n in step_model.offload_partitioner.offloaded]
@@ -77,24 +122,43 @@ def run(args, variant, seq):
             row["prefetch_hits"] = stats["prefetch_hits"]
     except torch.cuda.OutOfMemoryError:
         row["error"] = "OOM"
-    del step_model, model
+    del step_model, model, ids
     release_memory(args.device)
     return row
 
 
 def markdown(result):
-    lines = [f"# torch.compile: hidden_states vs compiled gradient checkpointing on {result['gpu']}", "",
+    lines = [f"# torch.compile variants on {result['gpu']}", "",
              f"command: `{result['command']}`", "",
              ]
     lines += table(result["runs"], [
         ("compile s", "compile_s", "{:.1f}"), ("step s", "step_s", "{:.3f}"), ("tok/s", "tokens_per_s", "{:.0f}"),
-        ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}")])
-    lines += ["", "| seq | boundary GB | ours/ckpt compiled tok/s | freed GB | freed / boundary | targets met |",
-              "|---|---|---|---|---|---|"]
+        ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
+        ("D2H GB/step", "d2h_GB_per_step", "{:.2f}")])
+    lines += ["", "Against ckpt_compiled of the same seq (freed = its peak allocated - the variant's):", "",
+              "| seq | variant | boundary GB | x ckpt_compiled tok/s | freed GB | freed / boundary | compile time x |",
+              "|---|---|---|---|---|---|---|"]
     for s in result["summary"]:
-        lines.append(f"| {s['seq']} | {s['boundary_GB']:.2f} | {s.get('speed_ratio', float('nan')):.3f} | "
-                     f"{s.get('freed_GB', float('nan')):.2f} | {s.get('freed_fraction', float('nan')):.3f} | {s.get('targets_met')} |")
+        lines.append(f"| {s['seq']} | {s['variant']} | {s['boundary_GB']:.2f} | {s.get('speed_ratio', float('nan')):.3f} | "
+                     f"{s.get('freed_GB', float('nan')):.2f} | {s.get('freed_fraction', float('nan')):.3f} | "
+                     f"{s.get('compile_ratio', float('nan')):.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def summarise(config, seq, rows) -> list:
+    boundary = config["layers"] * seq * config["hidden"] * 2 / GB
+    ref = rows.get("ckpt_compiled", {})
+    out = []
+    for variant, row in rows.items():
+        if variant == "ckpt_compiled" or "step_s" not in row or "step_s" not in ref:
+            continue
+        s = {"seq": seq, "variant": variant, "boundary_GB": boundary, "speed_ratio": ref["step_s"] / row["step_s"],
+             "compile_ratio": row["compile_s"] / ref["compile_s"]}
+        if "peak_allocated_GB" in ref and "peak_allocated_GB" in row:
+            s["freed_GB"] = ref["peak_allocated_GB"] - row["peak_allocated_GB"]
+            s["freed_fraction"] = s["freed_GB"] / boundary
+        out.append(s)
+    return out
 
 
 def main():
@@ -109,17 +173,9 @@ def main():
         for variant in args.variants.split(","):
             rows[variant] = run(args, variant, seq)
             result["runs"].append(rows[variant])
-            print({k: v for k, v in rows[variant].items()}, f"{time.time() - t0:.0f}s", flush=True)
-        c = args.config
-        summary = {"seq": seq, "boundary_GB": c["layers"] * seq * c["hidden"] * 2 / GB}
-        ref, ours = rows.get("ckpt_compiled", {}), rows.get("ours_compiled", {})
-        if "step_s" in ref and "step_s" in ours:
-            summary["speed_ratio"] = ref["step_s"] / ours["step_s"]
-        if "peak_allocated_GB" in ref and "peak_allocated_GB" in ours:
-            summary["freed_GB"] = ref["peak_allocated_GB"] - ours["peak_allocated_GB"]
-            summary["freed_fraction"] = summary["freed_GB"] / summary["boundary_GB"]
-            summary["targets_met"] = summary.get("speed_ratio", 0) >= 1.0 and summary["freed_fraction"] >= 0.95
-        result["summary"].append(summary)
+            print({k: v for k, v in rows[variant].items() if k != "timeline_GB"}, f"{time.time() - t0:.0f}s",
+                  flush=True)
+        result["summary"] += summarise(args.config, seq, rows)
         (out / f"compile_{name}.json").write_text(json.dumps(result, indent=1))
         (out / f"compile_{name}.md").write_text(markdown(result))
     print(markdown(result))

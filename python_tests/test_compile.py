@@ -141,3 +141,90 @@ def test_cache_hit_still_offloads(tmp_path, monkeypatch):
     assert torch.equal(loss_second, loss_first)
     for a, b in zip(grads_second, grads_first):
         assert torch.equal(a, b)
+
+
+def _attention_saving_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from torch_offload.compile import ATTENTION_OPS
+    return CheckpointPolicy.MUST_SAVE if op in ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_selective_offloads_attention_outputs_bit_for_bit(device):
+    # Reference: torch's selective checkpointing that keeps the attention outputs on the device.
+    # Ours: the same outputs saved, but offloaded; the backward graph must not recompute attention.
+    import functools
+
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    base = _tiny_llama(device, dropout=0.0)
+    eager = copy.deepcopy(base)
+    eager.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+        "use_reentrant": False,
+        "context_fn": functools.partial(create_selective_checkpoint_contexts, _attention_saving_policy)})
+    compiled = torch_offload.compile(copy.deepcopy(base), "selective", min_bytes=BOUNDARY_BYTES,
+                                     fullgraph=True, backend="aot_eager")
+    ids = torch.randint(0, 256, (2, 32), device=device)
+    for _ in range(2):
+        loss_e, grads_e = _grads(eager, ids, device)
+        loss_c, grads_c = _grads(compiled, ids, device)
+        assert torch.equal(loss_e, loss_c)
+        assert all(torch.equal(a, b) for a, b in zip(grads_e, grads_c))
+    assert not torch._dynamo.utils.counters["graph_break"]
+    partitioner = compiled.offload_partitioner
+    _check_graphs(partitioner)
+    offloaded = partitioner.offloaded[0]
+    # 3 layer inputs + each layer's attention output (its logsumexp is under min_bytes here).
+    assert len(offloaded) == 6, offloaded
+    from torch_offload.compile import ATTENTION_OPS
+    _, bwd = partitioner.graphs[0]
+    assert not any(t in ATTENTION_OPS for t in _targets(bwd)), "attention recomputed in backward"
+
+
+def test_selective_policy_errors_and_custom_function():
+    with pytest.raises(ValueError, match="unknown policy 'mlp'"):
+        torch_offload.compile(_tiny_llama("cpu"), "selective", policy="mlp")
+    from torch_offload.compile import attention_policy
+    compiled = torch_offload.compile(_tiny_llama("cpu", dropout=0.0), "selective", policy=attention_policy,
+                                     min_bytes=BOUNDARY_BYTES, backend="aot_eager")
+    _grads(compiled, torch.randint(0, 256, (2, 32)), "cpu")
+    assert len(compiled.offload_partitioner.offloaded[0]) == 6
+
+
+def test_cuda_graphs_are_refused_with_the_setting_named():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="compile_mode='reduce-overhead'.*CUDA graphs"):
+        torch_offload.compile(model, "all", compile_mode="reduce-overhead")
+    with pytest.raises(ValueError, match="triton.cudagraphs"):
+        torch_offload.compile(model, "all", options={"triton.cudagraphs": True})
+    with pytest.raises(ValueError, match="compile_mode is for backend='inductor'"):
+        torch_offload.compile(model, "all", compile_mode="max-autotune", backend="aot_eager")
+
+
+def test_compile_mode_options_reach_inductor():
+    from torch_offload.compile import _inductor_options
+
+    merged = _inductor_options("max-autotune-no-cudagraphs", {"epilogue_fusion": False}, "inductor")
+    assert merged["max_autotune"] and merged["epilogue_fusion"] is False
+    assert not merged.get("triton.cudagraphs")
+
+
+def test_dynamic_shapes_one_compile_serves_several_lengths():
+    base = _tiny_llama("cpu", dropout=0.0)
+    eager = copy.deepcopy(base)
+    eager.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    compiled = torch_offload.compile(copy.deepcopy(base), "hidden_states", min_bytes=0,
+                                     fullgraph=True, dynamic=True, backend="aot_eager")
+    for seq in (32, 48, 40):
+        ids = torch.randint(0, 256, (2, seq))
+        loss_e, grads_e = _grads(eager, ids, "cpu")
+        loss_c, grads_c = _grads(compiled, ids, "cpu")
+        torch.testing.assert_close(loss_c, loss_e, rtol=0, atol=0)
+        for a, b in zip(grads_c, grads_e):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    partitioner = compiled.offload_partitioner
+    assert len(partitioner.graphs) == 1, "expected one dynamic compile for all lengths"
+    assert sum(name.startswith("add") or name == "embedding" for name in partitioner.offloaded[0]) >= 3
+    stats = partitioner.manager.stats()
+    assert stats["saves"] == stats["restores"] > 0 and stats["live_handles"] == 0

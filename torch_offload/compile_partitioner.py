@@ -1,6 +1,6 @@
-"""Offloading inside torch.compile graphs.
+"""The partition-time pass that puts our ops into torch.compile graphs (torch_offload.compile).
 
-Mechanism: a partition-time pass. Inductor's `custom_partitioner_fn` option (a documented inductor
+Mechanism: Inductor's `custom_partitioner_fn` option (a documented inductor
 config) lets us wrap the default min-cut partitioner: after it has split the joint graph into the
 forward and backward graphs, we rewrite the tensors the forward saves for the backward:
 
@@ -21,6 +21,10 @@ value, so nothing is skipped, and stream/event logic stays inside the C++ kernel
 Which saved tensors move:
   "hidden_states": those the backward feeds into recomputed (activation-checkpointed) regions,
                    i.e. the checkpoint inputs; the model runs under torch's own checkpointing.
+  "selective":     those, plus the outputs a selective-checkpointing policy marked
+                   CheckpointPolicy.MUST_CPU_OFFLOAD (e.g. attention outputs and their logsumexp):
+                   saved instead of recomputed, and offloaded. Torch's partitioner does not act on
+                   that tag, so the pass turns it into MUST_SAVE before partitioning.
   "all":           every saved activation (not a graph input such as a parameter) of at least
                    min_bytes.
 """
@@ -29,15 +33,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+import torch._prims_common
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
+from torch.utils.checkpoint import CheckpointPolicy
 
 from ._ops import offload_restore, offload_save  # noqa: F401  (registers the fakes)
-from .manager import OffloadManager
 
-COMPILE_MODES = ("hidden_states", "all")
+COMPILE_MODES = ("hidden_states", "selective", "all")
 _SAVE = torch.ops.offload.offload_save.default
 _RESTORE = torch.ops.offload.offload_restore.default
+_OFFLOAD_TAG = "torch_offload_offload"  # node meta: a policy asked for this value to be offloaded
 
 
 def _output_node(graph: torch.fx.Graph) -> torch.fx.Node:
@@ -49,8 +55,38 @@ def _fake_like(val: torch.Tensor, device) -> torch.Tensor:
         return torch.empty(val.shape, dtype=val.dtype, device=device)
 
 
+def _dense_order(val: torch.Tensor):
+    """The dimension order in which `val` is contiguous (identity when it is), or None when its
+    strides overlap or leave gaps (a transpose or an SDPA output is dense; an expand is not)."""
+    dims = list(range(val.dim()))
+    if val.is_contiguous():
+        return dims
+    if not torch._prims_common.is_non_overlapping_and_dense_or_false(val):
+        return None
+    order = sorted(dims, key=lambda d: (-val.stride(d), -val.size(d)))
+    return order if val.permute(order).is_contiguous() else None
+
+
+def _permuted(graph: torch.fx.Graph, node: torch.fx.Node, order, val) -> torch.fx.Node:
+    """node.permute(order) as a graph node (node itself for the identity); `val` is its value."""
+    if list(order) == list(range(len(order))):
+        return node
+    permuted = graph.call_function(torch.ops.aten.permute.default, (node, list(order)))
+    permuted.meta["val"] = val
+    return permuted
+
+
 def _feeds_recompute(placeholder: torch.fx.Node) -> bool:
     return any(user.meta.get("recompute") is not None for user in placeholder.users)
+
+
+def _save_what_policies_offload(joint: torch.fx.GraphModule) -> None:
+    """MUST_CPU_OFFLOAD -> MUST_SAVE plus our tag: the partitioner saves the value, we offload it.
+    The forward graph's nodes keep the joint nodes' meta, so the tag reaches _selected."""
+    for node in joint.graph.nodes:
+        if node.meta.get("recompute") == CheckpointPolicy.MUST_CPU_OFFLOAD:
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+            node.meta[_OFFLOAD_TAG] = True
 
 
 class OffloadPartitioner(CustomPartitionerFn):
@@ -71,6 +107,7 @@ class OffloadPartitioner(CustomPartitionerFn):
         return (source, self.mode, self.min_bytes, self.manager.id())
 
     def __call__(self, gm, joint_inputs, **kwargs):
+        _save_what_policies_offload(gm)
         fwd, bwd = min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
         self.offloaded.append(self._rewrite(fwd, bwd, kwargs["num_fwd_outputs"]))
         self.graphs.append((fwd, bwd))
@@ -84,7 +121,9 @@ class OffloadPartitioner(CustomPartitionerFn):
             return False
         if val.numel() * val.element_size() < self.min_bytes:
             return False
-        return self.mode == "all" or _feeds_recompute(placeholder)
+        if self.mode == "all" or _feeds_recompute(placeholder):
+            return True
+        return self.mode == "selective" and saved.meta.get(_OFFLOAD_TAG, False)
 
     def _rewrite(self, fwd: torch.fx.GraphModule, bwd: torch.fx.GraphModule, num_fwd_outputs: int):
         manager_id = self.manager.id()
@@ -101,88 +140,32 @@ class OffloadPartitioner(CustomPartitionerFn):
             if not self._selected(saved, placeholder) or not placeholder.users:
                 continue
             val = saved.meta["val"]
+            order = _dense_order(val)
+            if order is None:
+                continue  # overlapping or gapped strides: a dense copy could not be viewed back
+            dense = val.permute(order)  # contiguous: what the handle holds
             # Right after the saved value: an extern kernel's input is materialised where it runs,
             # so inductor cannot defer the boundary (and keep what it is computed from alive) to
             # one fused kernel at the end of the forward.
             with fwd.graph.inserting_after(saved):
-                handle = fwd.graph.call_function(_SAVE, (saved, manager_id))
-            handle.meta["val"] = _fake_like(val, "cpu")
+                source = _permuted(fwd.graph, saved, order, dense)
+            with fwd.graph.inserting_after(source):
+                handle = fwd.graph.call_function(_SAVE, (source, manager_id))
+            handle.meta["val"] = _fake_like(dense, "cpu")
             outputs[index] = handle
 
             first_use = min(placeholder.users, key=bwd_order.__getitem__)
             with bwd.graph.inserting_before(first_use):
                 restored = bwd.graph.call_function(_RESTORE, (placeholder, val.device, manager_id))
-            restored.meta["val"] = val
-            placeholder.replace_all_uses_with(restored, delete_user_cb=lambda user: user is not restored)
-            placeholder.meta["val"] = _fake_like(val, "cpu")
+                restored.meta["val"] = _fake_like(dense, val.device)
+                # The inverse permutation gives the value back its original strides.
+                inverse = sorted(range(len(order)), key=order.__getitem__)
+                restored = _permuted(bwd.graph, restored, inverse, val)
+            placeholder.replace_all_uses_with(restored, delete_user_cb=lambda user: user is not restored
+                                              and user not in restored.all_input_nodes)
+            placeholder.meta["val"] = _fake_like(dense, "cpu")
             offloaded.append(saved.name)
         fwd_out.args = (tuple(outputs),)
         fwd.recompile()
         bwd.recompile()
         return offloaded
-
-
-def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None,
-            min_bytes: int = 1 << 20, blocks=None, backend: str = "inductor",
-            options: Optional[dict] = None, **compile_kwargs):
-    """torch.compile(model) with offloading inside the compiled graphs.
-
-    mode="hidden_states": the model's blocks run under torch's gradient checkpointing (a Hugging Face
-    model's own, or torch.utils.checkpoint around `blocks`), and the checkpoint inputs are offloaded.
-    mode="all": no checkpointing; every saved activation of at least min_bytes is offloaded.
-    backend="inductor" (default) passes our partitioner through inductor's custom_partitioner_fn
-    option, leaving every other inductor setting as it is; backend="aot_eager" runs the same
-    partitioned graphs with eager kernels (numerically identical to eager, for checking).
-    Returns the compiled module; `.offload_partitioner` records what each graph offloads (nothing
-    when inductor loads the graphs from its cache: they still call our ops) and holds the manager
-    (`.offload_partitioner.manager.stats()`). Other keyword arguments (fullgraph=True,
-    dynamic=...) go to torch.compile.
-    """
-    # Compiled graphs launch far ahead of the GPU: with saves a layer apart (hidden_states), earlier
-    # sources are released in stream order at each save, or the allocator would still count them
-    # at the forward's peak. In "all" mode saves are a few kernels apart and that wait would stall.
-    if manager is None:
-        manager = OffloadManager(release_sources_on_save=mode == "hidden_states")
-    partitioner = OffloadPartitioner(manager, mode, min_bytes)
-    if mode == "hidden_states":
-        _enable_checkpointing(model, blocks)
-    if backend == "inductor":
-        options = dict(options or {})
-        options["custom_partitioner_fn"] = partitioner
-        compiled = torch.compile(model, options=options, **compile_kwargs)
-    elif backend == "aot_eager":
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.aot_autograd import make_boxed_func
-
-        def run_eagerly(gm, _example_inputs):
-            return make_boxed_func(gm.forward)
-
-        eager_backend = aot_autograd(fw_compiler=run_eagerly, bw_compiler=run_eagerly,
-                                     partition_fn=partitioner)
-        compiled = torch.compile(model, backend=eager_backend, **compile_kwargs)
-    else:
-        raise ValueError(f"torch_offload.compile: backend must be 'inductor' or 'aot_eager', got {backend!r}")
-    compiled.offload_partitioner = partitioner
-    return compiled
-
-
-def _enable_checkpointing(model: torch.nn.Module, blocks) -> None:
-    if blocks is None and hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if getattr(model, "config", None) is not None:
-            model.config.use_cache = False
-        return
-    if blocks is None:
-        from .blocks import find_blocks
-
-        blocks = find_blocks(model)
-    for block in blocks:
-        forward = type(block).forward.__get__(block)
-        block.forward = _checkpointed(forward)
-
-
-def _checkpointed(forward):
-    def run(*args, **kwargs):
-        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    return run

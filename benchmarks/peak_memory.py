@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""What holds GPU memory at a training step's peak: records a CUDA memory snapshot of one step per
+variant and prints, for the forward and the backward, the peak and the live allocations there,
+grouped by the source line that allocated them (inductor's generated code included). Used to find
+why a variant frees less than it should (compiled graphs, FSDP2).
+
+Variants (comma-separated, one process, same model shape):
+  ckpt_eager, ours_eager               torch checkpointing / apply(mode="hidden_states")
+  ckpt_compiled, ours_compiled         torch.compile + checkpointing / torch_offload.compile(hidden_states)
+  fsdp_ckpt, fsdp_ours_before, fsdp_ours_after
+                                       FSDP2 on a 1-rank NCCL group (fully_shard per layer + root):
+                                       checkpointing / apply before / after fully_shard
+
+GPU: python3 benchmarks/peak_memory.py --out DIR --layers 8 --seqs 16384 --variants ckpt_compiled,ours_compiled
+     torchrun --nproc_per_node=2 benchmarks/peak_memory.py --out DIR --variants fsdp_ckpt,fsdp_ours_before
+Snapshots (pickles, for https://pytorch.org/memory_viz) are written with --pickles.
+"""
+import argparse
+import json
+import linecache
+import os
+import pickle
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch_offload  # noqa: E402
+from benchmarks.common import GB, REFERENCE, build_llama, release_memory  # noqa: E402
+
+_SKIP = ("/torch/", "/transformers/", "/contextlib.py", "/functools.py", "benchmarks/peak_memory.py")
+
+
+def _site(frames):
+    """The allocating line: the first frame outside torch/transformers internals, else the first."""
+    for f in frames:
+        name = f.get("filename", "")
+        if name and not any(s in name for s in _SKIP) and not name.startswith("??"):
+            return f
+    for f in frames:
+        if f.get("filename", "").endswith((".py",)):
+            return f
+    return frames[0] if frames else {"filename": "?", "line": 0, "name": "?"}
+
+
+def _describe(frame):
+    text = linecache.getline(frame.get("filename", ""), frame.get("line", 0)).strip()
+    where = f"{Path(frame.get('filename', '?')).name}:{frame.get('line', 0)} {frame.get('name', '')}"
+    return f"{where} | {text[:110]}"
+
+
+def timeline(snapshot, baseline: int, points: int = 1500) -> list:
+    """Allocated GB after each traced alloc/free of device 0, thinned to about `points` values (each
+    kept value is the largest of its stretch, so the peak survives)."""
+    trace = snapshot["device_traces"][0]
+    sizes, total, series = {}, baseline, []
+    for ev in trace:
+        if ev["action"] == "alloc":
+            sizes[ev["addr"]] = ev["size"]
+            total += ev["size"]
+        elif ev["action"] == "free_completed" and ev["addr"] in sizes:
+            total -= sizes.pop(ev["addr"])
+        else:
+            continue
+        series.append(total / GB)
+    stride = max(1, len(series) // points)
+    return [round(max(series[i:i + stride]), 4) for i in range(0, len(series), stride)]
+
+
+def analyse(snapshot, baseline: int, marks: dict, top: int = 14) -> dict:
+    """Replays the allocation trace: peak per phase (forward = events before the backward mark)
+    and the live allocations at each peak, grouped by allocating line."""
+    trace = snapshot["device_traces"][0]
+    live, total = {}, 0
+    phase_peaks = {}
+    backward_start = marks.get("backward_event", len(trace))
+    for i, ev in enumerate(trace):
+        action = ev["action"]
+        if action == "alloc":
+            live[ev["addr"]] = (ev["size"], ev.get("frames", []), ev.get("stream", 0))
+            total += ev["size"]
+        elif action == "free_completed":
+            entry = live.pop(ev["addr"], None)
+            if entry is not None:
+                total -= entry[0]
+        else:
+            continue
+        phase = "forward" if i < backward_start else "backward"
+        if total > phase_peaks.get(phase, (-1,))[0]:
+            phase_peaks[phase] = (total, dict(live), i)
+    out = {}
+    for phase, (peak, live_at_peak, index) in phase_peaks.items():
+        groups = defaultdict(lambda: [0, 0])
+        for size, frames, stream in live_at_peak.values():
+            key = _describe(_site(frames)) + (f" [stream {stream}]" if stream else "")
+            groups[key][0] += size
+            groups[key][1] += 1
+        ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]
+        out[phase] = {"peak_GB": (baseline + peak) / GB, "traced_GB": peak / GB, "event": index,
+                      "events": len(trace),
+                      "top": [{"GB": b / GB, "count": n, "site": k} for k, (b, n) in ranked]}
+    return out
+
+
+def _fsdp_group():
+    """The NCCL group: torchrun's ranks, or one rank of our own when run as a plain script."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29531")
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group("nccl", rank=rank, world_size=world)
+
+
+def _is_rank0() -> bool:
+    return int(os.environ.get("RANK", 0)) == 0
+
+
+def _shard(model):
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def build_variant(variant, config, seq):
+    if variant.startswith("fsdp"):
+        _fsdp_group()
+    model = build_llama(config, "cuda", seq)
+    handle = None
+    if variant in ("ckpt_eager", "ckpt_compiled", "fsdp_ckpt"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if variant == "fsdp_ours_before":
+        handle = torch_offload.apply(model, "hidden_states")
+    if variant.startswith("fsdp"):
+        _shard(model)
+    if variant in ("ours_eager", "fsdp_ours_after"):
+        handle = torch_offload.apply(model, "hidden_states")
+    step_model = model
+    if variant == "ckpt_compiled":
+        step_model = torch.compile(model, fullgraph=True, dynamic=False)
+    elif variant == "ours_compiled":
+        step_model = torch_offload.compile(model, "hidden_states", fullgraph=True, dynamic=False)
+    return model, step_model, handle
+
+
+def run(args, variant, seq, out: Path):
+    torch._dynamo.reset()
+    model, step_model, handle = build_variant(variant, args.config, seq)
+    torch.manual_seed(int(os.environ.get("RANK", 0)))  # each rank its own batch
+    ids = torch.randint(0, args.config["vocab"], (1, seq), device="cuda")
+    marks = {}
+
+    def step(record=False):
+        loss = step_model(input_ids=ids, labels=ids).loss
+        torch.cuda.synchronize()
+        fwd_peak = torch.cuda.max_memory_allocated()
+        if record:
+            marks["backward_event"] = len(torch.cuda.memory._snapshot()["device_traces"][0])
+        loss.backward()
+        torch.cuda.synchronize()
+        model.zero_grad(set_to_none=True)
+        return fwd_peak
+
+    t = time.perf_counter()
+    step()
+    step()
+    warm_s = time.perf_counter() - t
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    baseline = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    fwd_peak = step(record=True)
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    row = {"variant": variant, "seq": seq, "warm_s": warm_s, "baseline_GB": baseline / GB,
+           "forward_peak_GB": fwd_peak / GB, "step_peak_GB": torch.cuda.max_memory_allocated() / GB,
+           "boundary_GB": args.config["layers"] * seq * args.config["hidden"] * 2 / GB}
+    row["phases"] = analyse(snapshot, baseline, marks)
+    if handle is not None or hasattr(step_model, "offload_partitioner"):
+        manager = handle.manager if handle is not None else step_model.offload_partitioner.manager
+        row["stats"] = {k: v for k, v in dict(manager.stats()).items()}
+    if args.pickles:
+        with open(out / f"snapshot_{variant}_{seq}.pickle", "wb") as f:
+            pickle.dump(snapshot, f)
+    del snapshot, step_model, model, handle
+    release_memory("cuda")
+    return row
+
+
+def print_row(row):
+    print(f"\n=== {row['variant']} seq {row['seq']}: baseline {row['baseline_GB']:.2f} GB, forward peak "
+          f"{row['forward_peak_GB']:.2f}, step peak {row['step_peak_GB']:.2f}, boundary {row['boundary_GB']:.2f}",
+          flush=True)
+    for phase, info in row["phases"].items():
+        print(f"  -- {phase} peak {info['peak_GB']:.2f} GB at event {info['event']}/{info['events']}")
+        for g in info["top"]:
+            print(f"     {g['GB']:7.3f} GB x{g['count']:<4d} {g['site']}")
+    if "stats" in row:
+        s = row["stats"]
+        print("  stats:", {k: s[k] for k in sorted(s) if k in (
+            "saves", "restores", "bytes_to_host", "prefetch_hits", "compute_wait_ms", "host_wait_ms")})
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", default="ckpt_compiled,ours_compiled")
+    p.add_argument("--seqs", default="16384")
+    p.add_argument("--layers", type=int, default=REFERENCE["layers"])
+    p.add_argument("--out", default="peak_memory_out")
+    p.add_argument("--pickles", action="store_true")
+    args = p.parse_args()
+    args.config = dict(REFERENCE, layers=args.layers)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with torch.compiler.config.patch(force_disable_caches=True):
+        for seq in [int(s) for s in args.seqs.split(",")]:
+            for variant in args.variants.split(","):
+                try:
+                    rows.append(run(args, variant, seq, out))
+                    if _is_rank0():
+                        print_row(rows[-1])
+                except Exception as e:  # keep going: the other variants still tell something
+                    print(f"=== {variant} seq {seq}: FAILED {type(e).__name__}: {e}", flush=True)
+                    release_memory("cuda")
+                if _is_rank0():
+                    (out / "peak_memory.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

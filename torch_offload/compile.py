@@ -1,0 +1,140 @@
+"""torch_offload.compile(): torch.compile with offloading inside the compiled graphs.
+
+The offloading itself is a partition-time pass (compile_partitioner.py). This module turns on the
+checkpointing the mode needs, builds inductor's options (the user's, the ones of an inductor
+compile mode, and our partitioner), and refuses what cannot work: CUDA graphs capture
+(mode="reduce-overhead" / triton.cudagraphs) would record our ops' host-side bookkeeping once and
+replay only the kernels, so the copies would not match the pool's state.
+"""
+import functools
+from typing import Optional
+
+import torch
+
+from .compile_partitioner import COMPILE_MODES, OffloadPartitioner
+from .manager import OffloadManager
+
+# Ops whose outputs the "attention" policy offloads instead of recomputing: every SDPA backend's
+# forward (output and logsumexp are what its backward needs besides q, k, v).
+ATTENTION_OPS = tuple(
+    getattr(torch.ops.aten, name).default
+    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    if hasattr(torch.ops.aten, name))
+
+
+def attention_policy(ctx, op, *args, **kwargs):
+    """Selective-checkpointing policy: offload attention outputs, recompute everything else."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_CPU_OFFLOAD if op in ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_POLICIES = {"attention": attention_policy}
+
+
+def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None,
+            min_bytes: int = 1 << 20, blocks=None, backend: str = "inductor",
+            compile_mode: Optional[str] = None, policy="attention",
+            options: Optional[dict] = None, **compile_kwargs):
+    """torch.compile(model) with offloading inside the compiled graphs.
+
+    mode="hidden_states": the model's blocks run under torch's gradient checkpointing (a Hugging Face
+    model's own, or torch.utils.checkpoint around `blocks`), and the checkpoint inputs are offloaded.
+    mode="selective": the same checkpointing with a selective policy (`policy`: "attention", or a
+    torch policy function `(ctx, op, *args, **kwargs) -> CheckpointPolicy`): outputs it marks
+    CheckpointPolicy.MUST_CPU_OFFLOAD are offloaded and not recomputed; the checkpoint inputs too.
+    mode="all": no checkpointing; every saved activation of at least min_bytes is offloaded.
+    backend="inductor" (default) passes our partitioner through inductor's custom_partitioner_fn
+    option; backend="aot_eager" runs the same partitioned graphs with eager kernels (numerically
+    identical to eager, for checking). compile_mode is torch.compile's `mode`
+    ("default", "max-autotune", "max-autotune-no-cudagraphs"; "reduce-overhead" is refused: CUDA
+    graphs). Returns the compiled module; `.offload_partitioner` records what each graph offloads
+    (nothing when inductor loads the graphs from its cache: they still call our ops) and holds the
+    manager (`.offload_partitioner.manager.stats()`). Other keyword arguments (fullgraph=True,
+    dynamic=...) go to torch.compile.
+    """
+    if "mode" in compile_kwargs:  # unreachable today (mode is ours), kept for a clear message
+        raise TypeError("torch_offload.compile: pass torch.compile's mode as compile_mode=")
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"torch_offload.compile: unknown mode {mode!r}; expected one of {COMPILE_MODES}")
+    policy_fn = _policy(policy) if mode == "selective" else None
+    options = _inductor_options(compile_mode, options, backend)
+    # Compiled graphs launch far ahead of the GPU: with saves a layer apart (hidden_states), earlier
+    # sources are released in stream order at each save, or the allocator would still count them
+    # at the forward's peak. In "all" mode saves are a few kernels apart and that wait would stall.
+    if manager is None:
+        manager = OffloadManager(release_sources_on_save=mode != "all")
+    partitioner = OffloadPartitioner(manager, mode, min_bytes)
+    if mode != "all":
+        _enable_checkpointing(model, blocks, policy_fn)
+    if backend == "inductor":
+        options["custom_partitioner_fn"] = partitioner
+        compiled = torch.compile(model, options=options, **compile_kwargs)
+    else:
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        def run_eagerly(gm, _example_inputs):
+            return make_boxed_func(gm.forward)
+
+        eager_backend = aot_autograd(fw_compiler=run_eagerly, bw_compiler=run_eagerly,
+                                     partition_fn=partitioner)
+        compiled = torch.compile(model, backend=eager_backend, **compile_kwargs)
+    compiled.offload_partitioner = partitioner
+    return compiled
+
+
+def _policy(policy):
+    if callable(policy):
+        return policy
+    if policy not in _POLICIES:
+        raise ValueError(f"torch_offload.compile: unknown policy {policy!r}; expected one of "
+                         f"{tuple(_POLICIES)} or a function (ctx, op, *args, **kwargs) -> CheckpointPolicy")
+    return _POLICIES[policy]
+
+
+def _inductor_options(compile_mode, options, backend) -> dict:
+    if backend not in ("inductor", "aot_eager"):
+        raise ValueError(f"torch_offload.compile: backend must be 'inductor' or 'aot_eager', got {backend!r}")
+    merged = {}
+    if compile_mode is not None:
+        from torch._inductor import list_mode_options
+
+        if backend != "inductor":
+            raise ValueError("torch_offload.compile: compile_mode is for backend='inductor'")
+        merged.update(list_mode_options(compile_mode))  # raises on an unknown mode
+    merged.update(options or {})
+    if merged.get("triton.cudagraphs"):
+        raise ValueError(
+            f"torch_offload.compile: compile_mode={compile_mode!r} / options['triton.cudagraphs'] use CUDA "
+            "graphs, which replay kernels without our ops' host-side work (pinned pool, events); use "
+            "compile_mode='max-autotune-no-cudagraphs' or the default")
+    return merged
+
+
+def _enable_checkpointing(model: torch.nn.Module, blocks, policy_fn) -> None:
+    kwargs = {"use_reentrant": False}
+    if policy_fn is not None:
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy_fn)
+    if blocks is None and hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        if getattr(model, "config", None) is not None:
+            model.config.use_cache = False
+        return
+    if blocks is None:
+        from .blocks import find_blocks
+
+        blocks = find_blocks(model)
+    for block in blocks:
+        forward = type(block).forward.__get__(block)
+        block.forward = _checkpointed(forward, kwargs)
+
+
+def _checkpointed(forward, checkpoint_kwargs):
+    def run(*args, **kwargs):
+        return torch.utils.checkpoint.checkpoint(forward, *args, **checkpoint_kwargs, **kwargs)
+
+    return run
