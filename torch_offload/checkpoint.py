@@ -10,7 +10,6 @@ recompute from: instead of the first tensor input itself, the host handle return
 The forward runs on the real input; the recompute runs on offload_restore(handle), which also starts
 prefetching the input of the previous checkpoint.
 """
-import contextlib
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -59,7 +58,7 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=noop_context_fn, 
         if x is None:  # recompute in backward: the input comes back from host memory
             # Outside the recompute's dispatch modes (context_fn's, e.g. a selective checkpointing
             # policy): the restore is ours, not an op of the user's function.
-            with contextlib.nullcontext():
+            with _disable_current_modes():
                 x = offload_restore(handle, first_device, manager_id).requires_grad_(first_requires_grad)
         it = iter((x, *other_tensors))
         call_args, call_kwargs = tree_unflatten([next(it) if v is _TENSOR else v for v in template], spec)
