@@ -1,9 +1,11 @@
 """torch_offload.checkpoint against torch.utils.checkpoint: gradients must be bit-identical."""
 import copy
+import functools
 
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts, noop_context_fn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import torch_offload
@@ -171,3 +173,132 @@ def test_in_place_change_of_checkpoint_input_is_detected():
         inner.add_(1.0)
     with pytest.raises(RuntimeError, match="modified in place after it was saved"):
         out.sum().backward()
+
+
+# --- torch's keywords: handled by checkpoint(), never passed to the user's function ---------------
+
+class KwargsBlock(nn.Module):
+    """A Hugging Face-style layer whose forward takes **kwargs: a leaked keyword would land here."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.seen = []
+
+    def forward(self, x, **kwargs):
+        self.seen.append(sorted(kwargs))
+        return torch.tanh(self.fc(x))
+
+
+def test_torch_keywords_do_not_reach_the_function():
+    block = KwargsBlock()
+    x = torch.randn(3, 8, requires_grad=True)
+    out = torch_offload.checkpoint(block, x, use_reentrant=False, context_fn=noop_context_fn,
+                                   determinism_check="none", debug=False, early_stop=False,
+                                   preserve_rng_state=False, manager=torch_offload.OffloadManager())
+    out.sum().backward()
+    assert block.seen == [[], []]  # forward and recompute, both without keywords
+
+
+def test_user_keywords_still_reach_the_function():
+    block = KwargsBlock()
+    x = torch.randn(3, 8, requires_grad=True)
+    torch_offload.checkpoint(block, x, use_reentrant=False, attention_mask=None).sum().backward()
+    assert block.seen == [["attention_mask"], ["attention_mask"]]
+
+
+def test_use_reentrant_true_is_a_clear_error():
+    with pytest.raises(ValueError, match="torch_offload.checkpoint: use_reentrant=True"):
+        torch_offload.checkpoint(Block(), torch.randn(2, 32, requires_grad=True), use_reentrant=True)
+
+
+def test_bad_determinism_check_is_torchs_error():
+    with pytest.raises(ValueError, match="determinism_check should be one of"):
+        torch_offload.checkpoint(Block(), torch.randn(2, 32, requires_grad=True), determinism_check="x")
+
+
+def test_early_stop_false_recomputes_the_whole_function():
+    # Early stop ends the recompute once every saved tensor is rebuilt (here: sin's input), so the
+    # code after it runs again only with early_stop=False.
+    calls = []
+
+    def fn(x):
+        y = x.sin()
+        calls.append("after the last saving op")
+        return y * 2
+
+    x = torch.randn(4, requires_grad=True)
+    for early_stop, runs in ((True, 1), (False, 2)):
+        calls.clear()
+        torch_offload.checkpoint(fn, x, early_stop=early_stop).sum().backward()
+        assert len(calls) == runs, early_stop
+
+
+@pytest.mark.parametrize("policy", ["list", "function", "save_all_but_sin"])
+def test_selective_checkpoint_context_fn_matches_torch(policy):
+    # Our restore must be invisible to the user's policy: it runs outside the recompute's modes (a
+    # policy saving every op it sees would otherwise look for the restore in its storage).
+    def fn(x, y):
+        return torch.sigmoid(torch.matmul(torch.matmul(x, y), y)).sin() * y
+
+    seen = []
+
+    def policy_fn(ctx, op, *args, **kwargs):
+        seen.append(str(op))
+        if policy == "save_all_but_sin":
+            return CheckpointPolicy.PREFER_RECOMPUTE if op == torch.ops.aten.sin.default else CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    ops = [torch.ops.aten.mm.default] if policy == "list" else policy_fn
+    context_fn = functools.partial(create_selective_checkpoint_contexts, ops)
+    grads = []
+    for run in (torch_offload.checkpoint, torch_checkpoint):
+        torch.manual_seed(0)
+        x, y = torch.rand(10, 10, requires_grad=True), torch.rand(10, 10, requires_grad=True)
+        run(fn, x, y, use_reentrant=False, context_fn=context_fn).sum().backward()
+        grads.append((x.grad, y.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    assert not any("offload" in op for op in seen)
+
+
+def test_debug_true_runs():
+    x = torch.randn(4, 32, requires_grad=True)
+    block = Block(dropout=0.0)
+    torch_offload.checkpoint(block, x, use_reentrant=False, debug=True).sum().backward()
+    assert x.grad is not None
+
+
+# --- Hugging Face: the model's own gradient_checkpointing_enable() path, offloading ----------------
+
+def _tiny_hf_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.1,
+                         max_position_embeddings=128, attn_implementation="sdpa", use_cache=False)
+    return LlamaForCausalLM(config).train()
+
+
+def test_hf_gradient_checkpointing_func_offloads_and_matches_torch():
+    ours, theirs = _tiny_hf_llama(), _tiny_hf_llama()
+    manager = torch_offload.OffloadManager()
+    # The README one-liner (after the model's own gradient_checkpointing_enable()).
+    ours.gradient_checkpointing_enable()
+    ours._set_gradient_checkpointing(gradient_checkpointing_func=functools.partial(
+        torch_offload.checkpoint, manager=manager))
+    theirs.gradient_checkpointing_enable()
+    assert ours.is_gradient_checkpointing and theirs.is_gradient_checkpointing
+    ids = torch.randint(0, 256, (2, 32))
+    losses = []
+    for model in (ours, theirs):
+        torch.manual_seed(7)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss)
+    assert torch.equal(*losses)
+    assert_same_grads(ours, theirs)
+    stats = manager.stats()
+    hidden_bytes = 2 * 32 * 64 * 4
+    assert stats["saves"] == 3 and stats["bytes_to_host"] == 3 * hidden_bytes
+    assert stats["restores"] == 3 and stats["live_handles"] == 0

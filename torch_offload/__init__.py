@@ -12,6 +12,8 @@ from .compile import OffloadPartitioner, compile
 from .layers import LayerOffloadHandle, offload_layers
 from .manager import OffloadManager, default_manager, stats
 from .modules import ModuleOffloadHandle, offload_modules, select_modules
+from .selective import apply_selective, selective_offload_contexts
+from .selective import checkpoint as selective_checkpoint
 
 library_path = load_library()
 
@@ -21,6 +23,7 @@ __all__ = [
     "OffloadHandle",
     "OffloadManager",
     "apply",
+    "apply_selective",
     "checkpoint",
     "compile",
     "OffloadPartitioner",
@@ -33,5 +36,7 @@ __all__ = [
     "offload_restore",
     "offload_save",
     "select_modules",
+    "selective_checkpoint",
+    "selective_offload_contexts",
     "stats",
 ]

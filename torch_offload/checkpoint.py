@@ -1,17 +1,20 @@
 """checkpoint(): gradient checkpointing that keeps the checkpoint's first tensor input (a layer's
 hidden_states) in host memory instead of on the GPU, and recomputes the layer in backward.
 
-Built on torch's non-reentrant checkpoint, so it inherits its semantics (RNG and autocast replay,
-any nest of inputs and outputs, keyword arguments, inputs that do not require grad, and early stop:
-the recompute ends once every tensor backward needs has been rebuilt, skipping e.g. a block's last
-matmul). What we change is what torch's checkpoint stores to recompute from: instead of the first
-tensor input itself, the host handle returned by offload_save. The forward runs on the real input;
-the recompute runs on offload_restore(handle), which also starts prefetching the input of the
-previous checkpoint.
+A drop-in for torch.utils.checkpoint.checkpoint: same signature, same keywords with the same
+meaning, all handled here and never passed to the user's function. Built on torch's non-reentrant
+checkpoint, so it inherits its semantics (RNG and autocast replay, any nest of inputs and outputs,
+keyword arguments, inputs that do not require grad, context_fn / selective checkpointing, the
+determinism check, debug traces, early stop). What we change is what torch's checkpoint stores to
+recompute from: instead of the first tensor input itself, the host handle returned by offload_save.
+The forward runs on the real input; the recompute runs on offload_restore(handle), which also starts
+prefetching the input of the previous checkpoint.
 """
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
+from torch.utils.checkpoint import noop_context_fn
 
 from ._ops import offload_restore, offload_save
 from .manager import default_manager
@@ -19,21 +22,30 @@ from .manager import default_manager
 _TENSOR = object()  # marks where a tensor stood among flattened leaves
 
 
-def checkpoint(function, *args, manager=None, preserve_rng_state=True, **kwargs):
+def checkpoint(function, *args, use_reentrant=None, context_fn=noop_context_fn, determinism_check="default",
+               debug=False, early_stop=True, preserve_rng_state=True, manager=None, **kwargs):
     """Drop-in for torch.utils.checkpoint.checkpoint that offloads the first tensor input.
 
     Runs `function(*args, **kwargs)` without keeping its intermediate activations; the first tensor
     among args, then kwargs, is copied to host memory (pinned, asynchronously, on a side stream)
-    and brought back, prefetched, when backward recomputes `function`. With grad disabled it simply
-    calls `function`. On CPU the "offload" is a host-to-host copy, so results are identical and the
-    same code runs everywhere.
+    and brought back, prefetched, when backward recomputes `function`. On CPU the "offload" is a
+    host-to-host copy, so results are identical and the same code runs everywhere.
+
+    Keywords as in torch.utils.checkpoint.checkpoint (context_fn, determinism_check, debug,
+    early_stop, preserve_rng_state), plus `manager` (default: torch_offload.default_manager()).
+    Only the non-reentrant variant exists: use_reentrant=None (torch would warn and pick the
+    reentrant one) and use_reentrant=False run it; use_reentrant=True raises ValueError.
+    With grad disabled, or without any tensor argument, torch's checkpoint runs unchanged.
     """
-    if not torch.is_grad_enabled():
-        return function(*args, **kwargs)
+    if use_reentrant:
+        raise ValueError("torch_offload.checkpoint: use_reentrant=True is not supported (only the "
+                         "non-reentrant checkpoint offloads); pass use_reentrant=False or leave it out")
+    options = dict(use_reentrant=False, context_fn=context_fn, determinism_check=determinism_check,
+                   debug=debug, early_stop=early_stop, preserve_rng_state=preserve_rng_state)
     leaves, spec = tree_flatten((args, kwargs))
     tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
-    if not tensors:
-        return function(*args, **kwargs)
+    if not torch.is_grad_enabled() or not tensors:  # nothing to offload: torch's own behaviour
+        return torch_checkpoint(function, *args, **options, **kwargs)
     manager = manager if manager is not None else default_manager()
     manager_id = manager.id()
     first = tensors[0]
@@ -44,7 +56,10 @@ def checkpoint(function, *args, manager=None, preserve_rng_state=True, **kwargs)
     def run(handle, _device_anchor, *other_tensors):
         x = pending.pop("input", None)
         if x is None:  # recompute in backward: the input comes back from host memory
-            x = offload_restore(handle, first_device, manager_id).requires_grad_(first_requires_grad)
+            # Outside the recompute's dispatch modes (context_fn's, e.g. a selective checkpointing
+            # policy): the restore is ours, not an op of the user's function.
+            with _disable_current_modes():
+                x = offload_restore(handle, first_device, manager_id).requires_grad_(first_requires_grad)
         it = iter((x, *other_tensors))
         call_args, call_kwargs = tree_unflatten([next(it) if v is _TENSOR else v for v in template], spec)
         return function(*call_args, **call_kwargs)
@@ -54,8 +69,7 @@ def checkpoint(function, *args, manager=None, preserve_rng_state=True, **kwargs)
     # handle is on the host, so a zero-size tensor on the input's device stands in for it.
     device_anchor = torch.empty(0, device=first_device)
     del first  # from here on only `pending` (until the forward run) and the handle refer to it
-    output = torch_checkpoint(run, handle, device_anchor, *tensors[1:], use_reentrant=False,
-                              preserve_rng_state=preserve_rng_state)
+    output = torch_checkpoint(run, handle, device_anchor, *tensors[1:], **options)
     pending.clear()
     # Release the device copy of the input in stream order now rather than when the background
     # releaser observes the copy's event: the copy finished while the block ran.

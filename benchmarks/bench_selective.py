@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Benchmark of selective offload against gradient checkpointing, one process, one model.
+
+Model: the reference random-init LlamaForCausalLM (benchmarks/common.py build_llama: bf16, SDPA,
+batch 1), forward+backward with labels=input_ids, at each sequence length in --seqs. Variants:
+
+  ckpt        torch gradient checkpointing, non-reentrant (the model's gradient_checkpointing_enable)
+  torch_sac   torch selective checkpointing keeping the fused SDPA outputs on the GPU
+              (context_fn=create_selective_checkpoint_contexts(torch_offload.policies.attention_save))
+  hidden      torch_offload.apply(model, mode="hidden_states")
+  selective   torch_offload.apply_selective(model, blocks, policy="attention"): each layer's input
+              and its SDPA outputs (attention output, logsumexp) offloaded, everything else recomputed
+
+Per run: median step time, tokens/s, peak allocated / reserved GPU memory, the manager's statistics;
+per sequence length: tokens/s ratio and peak allocated difference versus ckpt, and the issue's targets
+for selective (>= 1.08x ckpt at 16k, >= 1.15x at 64k, >= 1.00x at 4k; peak allocated <= hidden + 0.5 GB).
+
+GPU:       python3 benchmarks/bench_selective.py --out DIR
+CPU smoke: python benchmarks/bench_selective.py --device cpu --tiny --out DIR
+"""
+import argparse
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch_offload  # noqa: E402
+from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, log, new_result,  # noqa: E402
+                               release_memory, short_gpu_name, sync, table, timed_steps)
+from torch_offload import policies  # noqa: E402
+
+VARIANTS = ("ckpt", "torch_sac", "hidden", "selective")
+TARGETS = {4096: 1.00, 16384: 1.08, 65536: 1.15}  # selective tokens/s over ckpt
+MEMORY_SLACK_GB = 0.5  # selective peak allocated <= hidden's + this
+
+
+def enable(model, variant):
+    """Turns `variant` on; returns what undoes it."""
+    if variant == "ckpt":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model.gradient_checkpointing_disable
+    if variant == "torch_sac":
+        context_fn = functools.partial(create_selective_checkpoint_contexts, policies.attention_save)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False,
+                                                                           "context_fn": context_fn})
+        return model.gradient_checkpointing_disable
+    if variant == "hidden":
+        return torch_offload.apply(model, mode="hidden_states").remove
+    if variant == "selective":
+        return torch_offload.apply_selective(model, model.model.layers, policy="attention").remove
+    raise ValueError(f"bench_selective: unknown variant {variant!r}; expected one of {VARIANTS}")
+
+
+def run_variant(model, variant, seq, args):
+    undo = enable(model, variant)
+    handle = getattr(undo, "__self__", None)
+    ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
+
+    def step():
+        model(input_ids=ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    try:
+        for _ in range(args.warmup):
+            step()
+        sync(args.device)
+        if args.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        row = {"variant": variant, "seq": seq, **timed_steps(step, args.steps, seq, args.device)}
+        if isinstance(handle, torch_offload.OffloadHandle):
+            row["offload_stats"] = handle.stats()
+        return row
+    except torch.cuda.OutOfMemoryError:
+        return {"variant": variant, "seq": seq, "error": "OOM"}
+    finally:
+        undo()
+        release_memory(args.device)
+
+
+def evaluate(result):
+    by = {(r["variant"], r["seq"]): r for r in result["runs"] if "error" not in r}
+    result["checks"] = []
+    for seq in sorted({r["seq"] for r in result["runs"]}):
+        base = by.get(("ckpt", seq))
+        if base is None:
+            continue
+        check = {"seq": seq}
+        for variant in VARIANTS[1:]:
+            row = by.get((variant, seq))
+            if row is None:
+                continue
+            row["speed_vs_ckpt"] = row["tokens_per_s"] / base["tokens_per_s"]
+            check[f"{variant}_speed_vs_ckpt"] = row["speed_vs_ckpt"]
+            if "peak_allocated_GB" in row:
+                row["alloc_vs_ckpt_GB"] = row["peak_allocated_GB"] - base["peak_allocated_GB"]
+        selective, hidden = by.get(("selective", seq)), by.get(("hidden", seq))
+        if selective is not None and seq in TARGETS:
+            check["speed_target_met"] = selective["speed_vs_ckpt"] >= TARGETS[seq]
+        if selective is not None and hidden is not None and "peak_allocated_GB" in selective:
+            check["memory_target_met"] = selective["peak_allocated_GB"] <= hidden["peak_allocated_GB"] + MEMORY_SLACK_GB
+        result["checks"].append(check)
+
+
+def markdown(result):
+    lines = [f"# Selective offload vs checkpointing on {result['gpu']}", "", f"command: `{result['command']}`", "",
+             f"model: {result['config']}, torch {result['torch']}", ""]
+    lines += table(result["runs"], [
+        ("step s", "step_s", "{:.3f}"), ("tok/s", "tokens_per_s", "{:.0f}"), ("vs ckpt", "speed_vs_ckpt", "{:.3f}"),
+        ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("alloc - ckpt GB", "alloc_vs_ckpt_GB", "{:+.2f}"),
+        ("peak reserved GB", "peak_reserved_GB", "{:.2f}")])
+    for c in result.get("checks", []):
+        lines += ["", f"seq {c['seq']}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                                      for k, v in c.items() if k != "seq")]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(p, seqs="4096,16384,65536", steps=3)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    args = finish_run_args(p.parse_args(), REFERENCE)
+    variants = args.variants.split(",")
+    for variant in variants:
+        if variant not in VARIANTS:
+            p.error(f"unknown variant {variant!r}; expected some of {','.join(VARIANTS)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = short_gpu_name(args.device)
+    result = new_result(args)
+    model = build_llama(args.config, args.device, max(args.seq_list))
+
+    def write():
+        (out / f"selective_{name}.json").write_text(json.dumps(result, indent=1))
+        (out / f"selective_{name}.md").write_text(markdown(result))
+
+    t0 = time.time()
+    for seq in args.seq_list:
+        for variant in variants:
+            row = run_variant(model, variant, seq, args)
+            result["runs"].append(row)
+            log({k: v for k, v in row.items() if k not in ("offload_stats", "times_s")}, f"{time.time() - t0:.0f}s")
+            evaluate(result)
+            write()
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

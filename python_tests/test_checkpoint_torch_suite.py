@@ -1,0 +1,554 @@
+"""PyTorch's own checkpoint tests, rewritten for torch_offload.checkpoint.
+
+Sources (read, not copied): test/test_utils.py TestCheckpoint, the non-reentrant checkpoint tests of
+test/test_autograd.py (TestAutograd), its nested-checkpoint tests and TestSelectiveActivationCheckpoint.
+Each case runs through our checkpoint and asserts what torch's test asserts: values and gradients
+equal to torch's checkpoint or to no checkpointing (bit for bit in fp32), or torch's error. Tests of
+the reentrant variant are replaced by one test of our clear error (use_reentrant=True is not offered).
+Not brought over: checkpoint_sequential (torch_offload has none), torch.compile / dynamo cases,
+tensor-subclass dispatch sizes, DataParallel and multi-GPU device-state inference (torch's own
+helpers, unchanged by us).
+"""
+import functools
+import weakref
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import (CheckpointError, CheckpointPolicy, create_selective_checkpoint_contexts,
+                                    set_checkpoint_early_stop)
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+import torch_offload
+from conftest import cuda_only
+
+ours = functools.partial(torch_offload.checkpoint, use_reentrant=False)
+theirs = functools.partial(torch_checkpoint, use_reentrant=False)
+
+
+def _grads(checkpoint, fn, make_inputs, seed=0, **kwargs):
+    """Runs checkpoint(fn, *inputs).sum().backward() from a fixed seed: output and input grads."""
+    torch.manual_seed(seed)
+    inputs = make_inputs()
+    out = checkpoint(fn, *inputs, **kwargs)
+    out.sum().backward()
+    return out.detach(), [t.grad for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _assert_matches_torch(fn, make_inputs, **kwargs):
+    out_a, grads_a = _grads(ours, fn, make_inputs, **kwargs)
+    out_b, grads_b = _grads(theirs, fn, make_inputs, **kwargs)
+    assert torch.equal(out_a, out_b)
+    assert len(grads_a) == len(grads_b) and all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(100, 50), nn.ReLU(), nn.Linear(50, 20), nn.ReLU(), nn.Linear(20, 5), nn.ReLU())
+
+
+# --- test_utils.TestCheckpoint --------------------------------------------------------------------
+
+def test_checkpoint_trigger_counts_forward_runs():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.counter = 0
+
+        def forward(self, x):
+            self.counter += 1
+            return x * torch.tensor(2.0)
+
+    modules = [Net() for _ in range(10)]
+    h = torch.randn(3, 4, requires_grad=True)
+    for m in modules:
+        h = ours(m, h)
+    assert all(m.counter == 1 for m in modules)
+    h.sum().backward()
+    assert all(m.counter == 2 for m in modules)  # each recomputed once
+
+
+@pytest.mark.parametrize("segments", [1, 2, 3])
+def test_checkpointed_segments_match_no_checkpointing(segments):
+    model = _mlp()
+    x = torch.randn(1, 100, requires_grad=True)
+    out = model(x)
+    out.sum().backward()
+    reference = [p.grad.clone() for p in model.parameters()], x.grad.clone(), out.detach()
+    model.zero_grad()
+    x.grad = None
+    layers = list(model.children())
+    bounds = [round(i * len(layers) / segments) for i in range(segments + 1)]
+    h = x
+    for start, end in zip(bounds, bounds[1:]):
+        h = ours(nn.Sequential(*layers[start:end]), h)
+    h.sum().backward()
+    assert torch.equal(h.detach(), reference[2]) and torch.equal(x.grad, reference[1])
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), reference[0]))
+
+
+def test_autograd_grad_with_create_graph_works():
+    # torch: "torch.utils.checkpoint is incompatible" with autograd.grad for reentrant; fine here.
+    model = _mlp()
+    x = torch.randn(1, 100, requires_grad=True)
+    expected = torch.autograd.grad(model(x), x, torch.ones(1, 5), create_graph=True)
+    out = ours(model, x)
+    assert torch.equal(out, model(x))
+    got = torch.autograd.grad(out, x, torch.ones(1, 5), create_graph=True)
+    assert torch.equal(got[0], expected[0])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda_only)])
+def test_rng_state_replayed(device):
+    for _ in range(3):
+        inp = torch.randn(20000, device=device).requires_grad_()
+        phase1, phase2 = nn.Dropout(), nn.Dropout()
+        state = torch.get_rng_state() if device == "cpu" else torch.cuda.get_rng_state()
+        ours(phase2, phase1(inp)).sum().backward()
+        with_checkpoint = inp.grad
+        (torch.set_rng_state if device == "cpu" else torch.cuda.set_rng_state)(state)
+        inp.grad = None
+        phase2(phase1(inp)).sum().backward()
+        assert torch.equal(with_checkpoint, inp.grad)
+
+
+def test_preserve_rng_state_false_runs():
+    inp = torch.randn(2).requires_grad_()
+    ours(nn.Dropout(), inp, preserve_rng_state=False).sum().backward()
+    assert inp.grad is not None and inp.grad.shape == inp.shape
+
+
+def test_none_argument():
+    x = torch.randn(1, 100, requires_grad=True)
+    ours(lambda a, b: a if b is None else a + b, x, None).sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))
+
+
+def test_non_tensor_inputs_and_outputs():
+    def foo(t1, t2, scale, t3):
+        t4 = t1 + t2 * t3
+        t5 = t1 * t2 + t3
+        t4 *= scale
+        t5 *= scale
+        return scale, t4, None, True, t5, "bar", t1
+
+    t1, t2, t3 = torch.rand(10, requires_grad=True), torch.rand(10, requires_grad=True), torch.rand(10)
+    res = ours(foo, t1, t2, 3, t3)
+    assert res[0] == 3 and res[2] is None and res[3] is True and res[5] == "bar"
+    assert torch.equal(res[1], (t1 + t2 * t3) * 3) and torch.equal(res[4], (t1 * t2 + t3) * 3)
+    assert torch.equal(res[6], t1)
+    assert res[6] is t1  # non-reentrant: an input returned as is stays the same tensor (a leaf)
+    res[1].sum().backward(retain_graph=True)
+    res[4].sum().backward(retain_graph=True)
+    res[6].sum().backward()
+    grads = t1.grad, t2.grad
+    t1.grad = t2.grad = None
+    ref = foo(t1, t2, 3, t3)
+    torch.autograd.backward([ref[1].sum(), ref[4].sum(), ref[6].sum()])
+    assert torch.equal(t1.grad, grads[0]) and torch.equal(t2.grad, grads[1])
+
+
+def test_no_tensor_arguments():
+    def foo(a, b, scale):
+        return scale, (a + b) * scale, "bar"
+
+    assert ours(foo, 0.5, 0.25, 4) == (4, 3.0, "bar")
+
+
+def test_partial_grad():
+    x, y = torch.randn(1, 4, requires_grad=True), torch.randn(1, 4)
+    out = ours(lambda a, b: (a, b), x, y)
+    out[0].sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))
+    # Non-reentrant: an output that does not require grad is an ordinary autograd error.
+    out = ours(lambda a, b: a, torch.randn(1, 4), torch.randn(1, 4, requires_grad=True))
+    assert not out.requires_grad
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        out.sum().backward()
+
+
+def test_use_reentrant_true_is_refused():
+    with pytest.raises(ValueError, match="use_reentrant=True is not supported"):
+        torch_offload.checkpoint(_mlp(), torch.randn(1, 100, requires_grad=True), use_reentrant=True)
+
+
+@cuda_only
+def test_early_free_in_backward_matches_torch():
+    def stats_of(checkpoint):
+        stats = []
+        x = torch.zeros(10, device="cuda", requires_grad=True)
+
+        def fn(x):
+            for idx in (2, 1, 0):
+                x = x ** 2
+                x.register_hook(lambda _g, idx=idx: stats.append(torch.cuda.memory_allocated()))
+            return (x ** 2).sum()
+
+        checkpoint(fn, x).backward()
+        return stats
+
+    ours_stats, torch_stats = stats_of(ours), stats_of(theirs)
+    assert all(b < a for a, b in zip(ours_stats, ours_stats[1:]))  # freed at each step
+    assert len(ours_stats) == len(torch_stats) == 3
+
+
+@cuda_only
+def test_device_context_is_kept_in_recompute():
+    devices = []
+
+    def fn(x):
+        t = torch.empty(4)
+        devices.append(t.device.type)
+        return x * t.sum()
+
+    x = torch.randn(4, device="cuda", requires_grad=True)
+    with torch.device("cuda"):
+        ours(fn, x).sum().backward()
+    assert devices == ["cuda", "cuda"]
+
+
+# --- test_autograd: non-reentrant checkpoint -----------------------------------------------------
+
+def test_arbitrary_input_and_output_structures():
+    def fn(d):
+        return {"out": d["a"] * d["b"], "list": [d["a"].sin()]}
+
+    a, b = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    out = ours(fn, {"a": a, "b": b})
+    (out["out"].sum() + out["list"][0].sum()).backward()
+    assert torch.equal(a.grad, b.detach() + a.detach().cos()) and torch.equal(b.grad, a.detach())
+
+
+def test_parameter_used_in_an_output_and_inside():
+    w = nn.Parameter(torch.randn(4, 4))
+
+    def fn(x):
+        return x @ w, w * 1
+
+    x = torch.randn(2, 4, requires_grad=True)
+    out, w_out = ours(fn, x)
+    (out.sum() + w_out.sum()).backward()
+    expected = x.detach().sum(0, keepdim=True).t().expand(4, 4) + 1
+    assert torch.allclose(w.grad, expected)
+    grad_ours = w.grad.clone()
+    w.grad = None
+    out, w_out = theirs(fn, x)
+    (out.sum() + w_out.sum()).backward()
+    assert torch.equal(grad_ours, w.grad)
+
+
+def test_custom_autograd_function_inside():
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 2 * x * g
+
+    _assert_matches_torch(lambda x: Square.apply(x).exp(), lambda: [torch.randn(6, requires_grad=True)])
+
+
+def test_detached_tensor_inside():
+    def fn(x):
+        return x.sin() * x.detach().cos()
+
+    _assert_matches_torch(fn, lambda: [torch.randn(6, requires_grad=True)])
+
+
+def test_input_not_requiring_grad_with_parameters():
+    lin = nn.Linear(8, 8)
+    x = torch.randn(3, 8)
+    ours(lin, x).sum().backward()
+    got = lin.weight.grad.clone()
+    lin.weight.grad = None
+    lin(x).sum().backward()
+    assert torch.equal(got, lin.weight.grad)
+
+
+def test_autocast_cpu_replayed():
+    lin = nn.Linear(16, 16)
+    x = torch.randn(4, 16, requires_grad=True)
+    grads = []
+    for checkpoint in (ours, theirs):
+        lin.zero_grad()
+        x.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = checkpoint(lambda t: torch.relu(lin(t)), x)
+        assert out.dtype == torch.bfloat16
+        out.float().sum().backward()
+        grads.append((x.grad, lin.weight.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+def test_non_determinism_is_detected():
+    calls = [0]
+
+    def fn(x):
+        calls[0] += 1
+        return x.sin().cos() if calls[0] == 1 else x.sin()  # one saved tensor fewer in recompute
+
+    x = torch.randn(5, requires_grad=True)
+    with pytest.raises(CheckpointError, match="different number of tensors was saved"):
+        ours(fn, x, early_stop=False).sum().backward()
+
+
+def test_changed_metadata_is_detected_and_determinism_check_none_disables_it():
+    def make(fn_holder):
+        def fn(x):
+            fn_holder[0] += 1
+            y = x if fn_holder[0] == 1 else x.double()
+            return y.sin().float()
+        return fn
+
+    x = torch.randn(5, requires_grad=True)
+    with pytest.raises(CheckpointError, match="different metadata"):
+        ours(make([0]), x).sum().backward()
+    # determinism_check="none": no check, the recomputed (double) value is used, as in torch
+    ours(make([0]), x, determinism_check="none").sum().backward()
+    got = x.grad
+    x.grad = None
+    theirs(make([0]), x, determinism_check="none").sum().backward()
+    assert torch.equal(got, x.grad)
+
+
+def test_debug_prints_operator_traces():
+    calls = [0]
+
+    def fn(x):
+        calls[0] += 1
+        return x.sin() if calls[0] == 1 else x.sin().cos()
+
+    x = torch.randn(5, requires_grad=True)
+    with pytest.raises(CheckpointError, match="aten.sin"):
+        ours(fn, x, debug=True, early_stop=False).sum().backward()
+
+
+def test_set_checkpoint_early_stop_overrides():
+    runs = []
+
+    def fn(x):
+        y = x.sin()
+        runs.append(1)
+        return y * 2
+
+    x = torch.randn(3, requires_grad=True)
+    with set_checkpoint_early_stop(False):
+        ours(fn, x).sum().backward()
+    assert len(runs) == 2
+    runs.clear()
+    ours(fn, x).sum().backward()
+    assert len(runs) == 1
+
+
+def test_saved_tensor_accessed_twice_without_recompute():
+    class TwiceAccess(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.sin()
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            with pytest.raises(CheckpointError, match="already unpacked once"):
+                ctx.saved_tensors
+            return g * x.cos()
+
+    x = torch.randn(4, requires_grad=True)
+    ours(lambda t: TwiceAccess.apply(t * 1), x).sum().backward()
+    assert torch.allclose(x.grad, x.detach().cos())
+
+
+def test_retain_graph_backward_twice_recomputes_twice():
+    runs = []
+
+    def fn(x):
+        runs.append(1)
+        return x.sin().exp()
+
+    x = torch.randn(4, requires_grad=True)
+    out = ours(fn, x)
+    out.sum().backward(retain_graph=True)
+    first = x.grad.clone()
+    out.sum().backward()
+    assert torch.equal(x.grad, 2 * first) and len(runs) == 3
+
+
+# --- nested checkpoints ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nesting", ["inside", "around"])
+def test_nested_checkpoints_match_torch(nesting):
+    def make(checkpoint):
+        def inner(x):
+            return x.sin().exp()
+
+        def outer(x):
+            return checkpoint(inner, x).cos() * x if nesting == "inside" else inner(x) * 2
+
+        return (lambda x: checkpoint(outer, x)) if nesting == "inside" else (
+            lambda x: checkpoint(outer, checkpoint(inner, x)))
+
+    grads = []
+    for checkpoint in (ours, theirs):
+        torch.manual_seed(0)
+        x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+        make(checkpoint)(x).sum().backward()
+        grads.append(x.grad)
+    assert torch.equal(*grads)
+
+
+def test_nested_checkpoint_double_backward():
+    def f(x):
+        return ours(lambda t: ours(lambda u: u.sin().exp(), t).sin(), x)
+
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad(f(x).sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), x)
+    (g_ref,) = torch.autograd.grad(x.sin().exp().sin().sum(), x, create_graph=True)
+    (gg_ref,) = torch.autograd.grad(g_ref.sum(), x)
+    assert torch.allclose(g, g_ref) and torch.allclose(gg, gg_ref)
+
+
+# --- TestSelectiveActivationCheckpoint -------------------------------------------------------------
+
+def _sac(policy, **kwargs):
+    return functools.partial(create_selective_checkpoint_contexts, policy, **kwargs)
+
+
+def _mm_fn(x, y):
+    return torch.sigmoid(torch.matmul(torch.matmul(x, y), y)) * y
+
+
+def _xy():
+    return [torch.randn(10, 10, requires_grad=True), torch.randn(10, 10, requires_grad=True)]
+
+
+def test_sac_saved_ops_are_not_recomputed():
+    recomputed = {"ours": [], "theirs": []}
+
+    def policy_for(name):
+        def policy(ctx, op, *args, **kwargs):
+            if ctx.is_recompute:
+                recomputed[name].append(op)
+            return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+        return policy
+
+    for name, checkpoint in (("ours", ours), ("theirs", theirs)):
+        torch.manual_seed(0)
+        x, y = _xy()
+        checkpoint(_mm_fn, x, y, context_fn=_sac(policy_for(name))).sum().backward()
+    assert recomputed["ours"] == recomputed["theirs"]
+    assert torch.ops.aten.mm.default in recomputed["ours"]  # asked, then served from storage
+    _assert_matches_torch(_mm_fn, _xy, context_fn=_sac([torch.ops.aten.mm.default]))
+
+
+def test_sac_output_already_has_autograd_meta():
+    def fn(x, y):
+        return x.view(-1), y.sin().cos()
+
+    grads = []
+    for checkpoint in (ours, theirs):
+        torch.manual_seed(0)
+        x, y = torch.tensor([1.0], requires_grad=True), torch.randn(1, requires_grad=True)
+        a, b = checkpoint(fn, x, y, context_fn=_sac([torch.ops.aten.view.default]))
+        (a.sum() + b.sum()).backward()
+        grads.append((x.grad, y.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+def test_sac_bad_op_list():
+    with pytest.raises(ValueError, match="Expected op in `op_list` to be an OpOverload"):
+        ours(_mm_fn, *_xy(), context_fn=_sac([torch.ops.aten.mm]))
+
+
+def test_sac_policy_with_state():
+    def policy_fn_factory():
+        counters = {"forward": 0, "recompute": 0}
+
+        def policy(ctx, op, *args, **kwargs):
+            key = "recompute" if ctx.is_recompute else "forward"
+            if op == torch.ops.aten.sin.default:
+                counters[key] += 1
+                return CheckpointPolicy.MUST_SAVE if counters[key] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        return policy
+
+    def fn(x):
+        return x.sin().sin().sin().sum()
+
+    for checkpoint in (ours, theirs):
+        x = torch.randn(3, requires_grad=True)
+        checkpoint(fn, x, context_fn=functools.partial(create_selective_checkpoint_contexts,
+                                                       policy_fn_factory())).backward()
+        ref = x.detach().clone().requires_grad_()
+        ref.sin().sin().sin().sum().backward()
+        assert torch.equal(x.grad, ref.grad)
+
+
+def test_sac_storage_freed_after_backward():
+    refs = []
+
+    def fn(x):
+        y = x.sin()
+        refs.append(weakref.ref(y))
+        return y.exp()
+
+    x = torch.randn(100, requires_grad=True)
+    out = ours(fn, x, context_fn=_sac([torch.ops.aten.sin.default]))
+    out.sum().backward()
+    del out
+    assert all(r() is None for r in refs)
+
+
+def test_sac_cached_tensor_mutated_is_an_error():
+    def fn(x):
+        y = x.sin()
+        out = y.exp()
+        y.mul_(2)
+        return out * 1
+
+    with pytest.raises(RuntimeError, match="has been mutated"):
+        ours(fn, torch.randn(3, requires_grad=True), context_fn=_sac([torch.ops.aten.sin.default])).sum().backward()
+    # allow_cache_entry_mutation=True turns the check off (torch's meaning)
+    ours(fn, torch.randn(3, requires_grad=True),
+         context_fn=_sac([torch.ops.aten.sin.default], allow_cache_entry_mutation=True)).sum().backward()
+
+
+def test_sac_op_with_more_than_one_output():
+    def fn(x):
+        var, mean = torch.var_mean(x.sin(), dim=0)
+        return var.exp() * mean
+
+    _assert_matches_torch(fn, lambda: [torch.randn(5, 4, requires_grad=True)],
+                          context_fn=_sac([torch.ops.aten.var_mean.correction]))
+
+
+def test_sac_op_with_non_differentiable_output():
+    def fn(x):
+        values, indices = torch.max(x.sin(), dim=1)
+        return values.exp() * indices
+
+    _assert_matches_torch(fn, lambda: [torch.randn(5, 4, requires_grad=True)],
+                          context_fn=_sac([torch.ops.aten.max.dim]))
+
+
+def test_sac_backward_twice_is_an_error():
+    x = torch.randn(3, requires_grad=True)
+    out = ours(lambda t: t.sin().exp(), x, context_fn=_sac([torch.ops.aten.sin.default]))
+    out.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="Trying to backward an extra time"):
+        out.sum().backward()
+
+
+def test_sac_with_dropout_matches_torch():
+    drop = nn.Dropout(0.3)
+
+    def fn(x):
+        return drop(torch.mm(x, x)).tanh()
+
+    _assert_matches_torch(fn, lambda: [torch.randn(8, 8, requires_grad=True)],
+                          context_fn=_sac([torch.ops.aten.mm.default]))

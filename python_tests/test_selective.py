@@ -1,0 +1,208 @@
+"""Selective offload (torch_offload.selective): gradients bit-equal to torch's selective checkpointing
+keeping the same ops on the device (MUST_SAVE), the offloaded outputs going through the manager."""
+import copy
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import torch_offload
+from conftest import DEVICES, assert_same_grads
+from torch_offload import policies
+
+torch_sac_attention = functools.partial(create_selective_checkpoint_contexts, policies.attention_save)
+
+
+class AttentionBlock(nn.Module):
+    def __init__(self, width=32, heads=4, dropout=0.0):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Dropout(dropout), nn.Linear(2 * width, width))
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x):
+        b, s, w = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(attn.transpose(1, 2).reshape(b, s, w))
+        return x + self.mlp(x)
+
+
+def _stack(device, dropout, n=3):
+    torch.manual_seed(0)
+    return nn.ModuleList(AttentionBlock(dropout=dropout) for _ in range(n)).to(device)
+
+
+def _train(blocks, x, run):
+    torch.manual_seed(1234)
+    h = x
+    for block in blocks:
+        h = run(block, h)
+    loss = h.square().mean()
+    loss.backward()
+    return loss
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_attention_policy_matches_torch_sac_keeping_attention(device, dropout):
+    ours, theirs = _stack(device, dropout), _stack(device, dropout)
+    x = torch.randn(2, 16, 32, device=device)
+    manager = torch_offload.OffloadManager()
+    la = _train(ours, x, lambda b, h: torch_offload.selective_checkpoint(b, h, manager=manager, min_bytes=0))
+    lb = _train(theirs, x, lambda b, h: torch_checkpoint(b, h, use_reentrant=False, context_fn=torch_sac_attention))
+    assert torch.equal(la, lb)
+    assert_same_grads(ours, theirs)
+    # Per block: the input (2*16*32 fp32), the attention output (same size) and its logsumexp (2*4*16).
+    stats = manager.stats()
+    per_block = 2 * 16 * 32 * 4 * 2 + 2 * 4 * 16 * 4
+    assert stats["bytes_to_host"] == 3 * per_block
+    assert stats["restores"] == stats["saves"] == 9 and stats["live_handles"] == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_policy_matches_plain_training_without_dropout(device):
+    ours, plain = _stack(device, 0.0), _stack(device, 0.0)
+    x = torch.randn(2, 16, 32, device=device)
+    la = _train(ours, x, lambda b, h: torch_offload.selective_checkpoint(b, h, min_bytes=0))
+    lb = _train(plain, x, lambda b, h: b(h))
+    assert torch.equal(la, lb)
+    assert_same_grads(ours, plain)
+
+
+def _tiny_llama(dropout):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, attention_dropout=dropout,
+                         max_position_embeddings=128, attn_implementation="sdpa", use_cache=False)
+    return LlamaForCausalLM(config).train()
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_llama_apply_selective_matches_hf_with_torch_sac(dropout):
+    ours, theirs = _tiny_llama(dropout), _tiny_llama(dropout)
+    handle = torch_offload.apply_selective(ours, ours.model.layers, policy="attention", min_bytes=0)
+    theirs.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+        "use_reentrant": False, "context_fn": torch_sac_attention})
+    ids = torch.randint(0, 256, (2, 32))
+    for _ in range(2):
+        losses = []
+        for model in (ours, theirs):
+            model.zero_grad(set_to_none=True)
+            torch.manual_seed(7)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            losses.append(loss)
+        assert torch.equal(*losses)
+        assert_same_grads(ours, theirs)
+    stats = handle.stats()
+    hidden = 2 * 32 * 64 * 4
+    # With attention dropout, SDPA on CPU runs as math ops (no fused op to offload): inputs only.
+    attention = 0 if dropout else hidden + 2 * 4 * 32 * 4
+    assert stats["bytes_to_host"] == 2 * 3 * (hidden + attention) and stats["live_handles"] == 0
+    handle.remove()
+    assert "forward" not in ours.model.layers[0].__dict__
+
+
+def test_torch_policy_with_must_cpu_offload_and_restored_layout():
+    # A user policy in torch's terms; the offloaded outputs are a transpose-like permuted result
+    # (sort along dim 0 of a transposed input) and must come back with their strides.
+    seen = {}
+
+    def fn(x):
+        values, indices = torch.sort(x.t(), dim=1)
+        seen.setdefault("strides", []).append(values.stride())
+        return (values * 2).exp().sum() + indices.float().sum()
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_CPU_OFFLOAD if op == torch.ops.aten.sort.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    manager = torch_offload.OffloadManager()
+    x = torch.randn(64, 48, requires_grad=True)
+    out = torch_offload.selective_checkpoint(fn, x, policy=policy, manager=manager, min_bytes=0)
+    out.backward()
+    ref = x.detach().clone().requires_grad_()
+    fn(ref).backward()
+    assert torch.equal(x.grad, ref.grad)
+    forward_strides, recompute_strides = seen["strides"][:2]  # the recompute sees the restored values
+    assert forward_strides == recompute_strides == (1, 48)
+    assert manager.stats()["bytes_to_host"] == 64 * 48 * 4 * 2 + 64 * 48 * 8  # input, values, indices
+
+
+@pytest.mark.parametrize("make", [lambda: torch.randn(6, 8).t(), lambda: torch.randn(6, 8)[:, ::2],
+                                  lambda: torch.randn(6, 1).expand(6, 5)])
+def test_offloaded_values_come_back_with_sizes_strides_and_dtype(make):
+    from torch_offload.selective import _Offloaded
+
+    value = make().to(torch.float64)
+    offloaded = _Offloaded(torch_offload.OffloadManager(), min_bytes=0)
+    offloaded.save("op", (value, 3))
+    restored, three = offloaded.restore("op")
+    assert three == 3 and restored.dtype == value.dtype
+    assert restored.shape == value.shape and restored.stride() == value.stride() and torch.equal(restored, value)
+
+
+def test_outputs_below_min_bytes_stay_on_the_device():
+    manager = torch_offload.OffloadManager()
+    block = AttentionBlock()
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    torch_offload.selective_checkpoint(block, x, manager=manager, min_bytes=1 << 20).sum().backward()
+    assert manager.stats()["bytes_to_host"] == x.numel() * 4  # only the checkpoint input
+
+
+def test_unknown_policy_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown policy='attn'"):
+        torch_offload.apply_selective(nn.Linear(2, 2), [], policy="attn")
+    with pytest.raises(ValueError, match="OpOverloads"):
+        torch_offload.selective_checkpoint(lambda t: t.sin(), torch.randn(2, requires_grad=True),
+                                           policy=[torch.ops.aten.sin])
+
+
+def test_offloaded_output_modified_in_place_is_detected():
+    def fn(x):
+        y = x.sort(dim=0).values
+        out = y.exp()
+        y.mul_(2)  # y was offloaded when sort returned it
+        return out
+
+    policy = lambda ctx, op, *a, **k: (CheckpointPolicy.MUST_CPU_OFFLOAD if op == torch.ops.aten.sort.default
+                                       else CheckpointPolicy.PREFER_RECOMPUTE)
+    out = torch_offload.selective_checkpoint(fn, torch.randn(8, 8, requires_grad=True), policy=policy, min_bytes=0)
+    with pytest.raises(RuntimeError, match="modified in place after it was saved"):
+        out.sum().backward()
+
+
+def test_backward_twice_is_a_clear_error():
+    block = AttentionBlock()
+    out = torch_offload.selective_checkpoint(block, torch.randn(2, 16, 32, requires_grad=True), min_bytes=0)
+    out.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward an extra time"):
+        out.sum().backward()
+
+
+def test_context_fn_is_refused_by_selective_checkpoint():
+    with pytest.raises(ValueError, match="pass policy=, not context_fn="):
+        torch_offload.selective_checkpoint(lambda t: t, torch.randn(2, requires_grad=True), context_fn=None)
+
+
+def test_apply_selective_only_in_training_with_grad():
+    model = nn.Sequential(AttentionBlock(), AttentionBlock())
+    manager = torch_offload.OffloadManager()
+    handle = torch_offload.apply_selective(model, list(model), manager)
+    x = torch.randn(2, 16, 32)
+    model.eval()
+    model(x).sum()
+    with torch.no_grad():
+        model.train()
+        model(x)
+    assert manager.stats()["saves"] == 0
+    copy_before = copy.deepcopy(model)
+    handle.remove()
+    assert torch.equal(model(x), copy_before(x))

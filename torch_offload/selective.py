@@ -1,0 +1,194 @@
+"""Selective offload: inside a checkpointed block a policy decides, per op output, whether it is kept
+on the device (CheckpointPolicy.MUST_SAVE / PREFER_SAVE), recomputed in backward
+(MUST_RECOMPUTE / PREFER_RECOMPUTE) or offloaded through our engine (MUST_CPU_OFFLOAD /
+PREFER_CPU_OFFLOAD): offload_save in forward, offload_restore in the recompute, so the pinned pool,
+the in-flight bound and backward prefetch apply. Offloading what is costly to recompute and cheap to
+move (the attention outputs) makes the recompute cheaper at the memory of hidden_states mode.
+
+How: torch's selective checkpointing (create_selective_checkpoint_contexts) keeps and recomputes as
+usual; one more dispatch mode above it serves the offload decisions. In forward it runs the op and
+offloads its outputs; in the recompute it returns the restored outputs without running the op. For
+every other op it hands the policy's decision down to torch's mode, so the user's policy is asked
+once per op. Eager only (torch.compile: use torch_offload.compile).
+"""
+import functools
+from collections import defaultdict
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_map
+from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, SelectiveCheckpointContext,
+                                    create_selective_checkpoint_contexts)
+
+from ._ops import offload_restore, offload_save
+from .activations import _compact, _Packed, _rebuild
+from .checkpoint import checkpoint as offload_checkpoint
+from .manager import OffloadManager, default_manager
+from .policies import resolve
+
+_OFFLOAD = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
+DEFAULT_MIN_BYTES = 1 << 16  # smaller outputs (dropout seeds, empty masks) stay on the device
+
+
+class _Offloaded:
+    """The outputs of offloaded op calls, in call order per op, shared by the forward and the
+    recompute mode of one checkpoint; and the decision torch's mode reads next."""
+
+    def __init__(self, manager, min_bytes):
+        self.manager = manager  # alive as long as handles it saved
+        self.manager_id = manager.id()
+        self.min_bytes = min_bytes
+        self.calls = defaultdict(list)
+        self.decision = None
+
+    def take_decision(self, ctx, op, *args, **kwargs):  # torch's policy: what our mode decided
+        decision, self.decision = self.decision, None
+        return decision if decision is not None else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def save(self, op, out):
+        with _disable_current_modes():
+            self.calls[op].append(tree_map(self._pack, out))
+
+    def restore(self, op):
+        calls = self.calls.get(op)
+        if calls is None:
+            raise RuntimeError(f"torch_offload selective offload: {op} is offloaded by the policy in the "
+                               "recompute but was not in forward (the policy must decide alike in both)")
+        if not calls:
+            raise RuntimeError("torch_offload selective offload: trying to backward an extra time; a region "
+                               "under selective checkpointing can be backpropagated once")
+        with _disable_current_modes():
+            return tree_map(self._unpack, calls.pop(0))
+
+    def _pack(self, value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        if value.numel() == 0 or value.numel() * value.element_size() < self.min_bytes or value.layout != torch.strided:
+            return value.detach()
+        source, permutation, expanded_sizes = _compact(value)
+        packed = _Packed(offload_save(source, self.manager_id), value.device, permutation, expanded_sizes)
+        # A layout that is neither dense nor a permutation of dense comes back contiguous from
+        # _rebuild: remember the strides to restore them.
+        probe = _rebuild(torch.empty(source.shape, dtype=value.dtype, device="meta"), packed)  # the restored copy is contiguous
+        layout = (value.shape, value.stride())
+        return _Held(packed, None if (probe.shape, probe.stride()) == layout else layout)
+
+    def _unpack(self, value):
+        if not isinstance(value, _Held):
+            return value
+        restored = _rebuild(offload_restore(value.packed.handle, value.packed.device, self.manager_id), value.packed)
+        if value.layout is not None:
+            shape, stride = value.layout
+            restored = torch.empty_strided(shape, stride, dtype=restored.dtype, device=restored.device).copy_(restored)
+        return restored
+
+
+class _Held:
+    """An offloaded output: its host handle and view recipe, and its strides where the recipe
+    does not give them back."""
+
+    __slots__ = ("packed", "layout")
+
+    def __init__(self, packed, layout):
+        self.packed = packed
+        self.layout = layout
+
+
+class _OffloadMode(TorchDispatchMode):
+    """Above torch's selective checkpointing modes: serves the policy's offload decisions."""
+
+    def __init__(self, policy, offloaded: _Offloaded, is_recompute: bool):
+        super().__init__()
+        self.policy = policy
+        self.offloaded = offloaded
+        self.is_recompute = is_recompute
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in SAC_IGNORED_OPS:
+            return func(*args, **kwargs)
+        decision = self.policy(SelectiveCheckpointContext(is_recompute=self.is_recompute), func, *args, **kwargs)
+        if isinstance(decision, bool):
+            decision = CheckpointPolicy.MUST_SAVE if decision else CheckpointPolicy.PREFER_RECOMPUTE
+        # Ops whose outputs alias their inputs (views) are free to recompute: never offloaded.
+        aliasing = isinstance(func, torch._ops.OpOverload) and any(r.alias_info is not None for r in func._schema.returns)
+        if decision not in _OFFLOAD or aliasing:
+            self.offloaded.decision = CheckpointPolicy.PREFER_RECOMPUTE if decision in _OFFLOAD else decision
+            return func(*args, **kwargs)
+        if self.is_recompute:
+            return self.offloaded.restore(func)
+        self.offloaded.decision = CheckpointPolicy.PREFER_RECOMPUTE  # torch's mode must not keep it too
+        out = func(*args, **kwargs)
+        self.offloaded.save(func, out)
+        return out
+
+
+class _Modes:
+    """Enters torch's selective checkpointing mode, then ours on top of it."""
+
+    def __init__(self, *modes):
+        self.modes = modes
+
+    def __enter__(self):
+        for mode in self.modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for mode in reversed(self.modes):
+            mode.__exit__(*exc)
+        return False
+
+
+def selective_offload_contexts(policy="attention", manager=None, min_bytes=DEFAULT_MIN_BYTES,
+                               allow_cache_entry_mutation=False):
+    """Like torch.utils.checkpoint.create_selective_checkpoint_contexts, for `context_fn=` of
+    torch_offload.checkpoint (or torch's checkpoint): returns the forward and recompute contexts.
+
+    policy: a name from torch_offload.policies.POLICIES ("attention", "attention_save"), a list of
+    ops to keep (torch's meaning), or a function with torch's policy signature returning a
+    CheckpointPolicy (MUST/PREFER_CPU_OFFLOAD: offloaded through `manager`) or a bool.
+    min_bytes: tensors below it are kept on the device even when the policy offloads their op.
+    """
+    policy_fn = resolve(policy, "torch_offload.selective_offload_contexts")
+    offloaded = _Offloaded(manager if manager is not None else default_manager(), min_bytes)
+    keep_forward, keep_recompute = create_selective_checkpoint_contexts(
+        offloaded.take_decision, allow_cache_entry_mutation=allow_cache_entry_mutation)
+    return (_Modes(keep_forward, _OffloadMode(policy_fn, offloaded, is_recompute=False)),
+            _Modes(keep_recompute, _OffloadMode(policy_fn, offloaded, is_recompute=True)))
+
+
+def checkpoint(function, *args, policy="attention", manager=None, min_bytes=DEFAULT_MIN_BYTES, **kwargs):
+    """torch_offload.checkpoint (the first tensor input offloaded, the block recomputed in backward)
+    with a selective offload policy inside the block; other keywords as in torch_offload.checkpoint."""
+    if "context_fn" in kwargs:
+        raise ValueError("torch_offload.selective_checkpoint: pass policy=, not context_fn=")
+    manager = manager if manager is not None else default_manager()
+    context_fn = functools.partial(selective_offload_contexts, policy, manager, min_bytes)
+    return offload_checkpoint(function, *args, context_fn=context_fn, manager=manager, **kwargs)
+
+
+def apply_selective(model, blocks, manager=None, policy="attention", *, min_bytes=DEFAULT_MIN_BYTES,
+                    layers=None, **manager_options):
+    """Mode "selective": each block runs under selective checkpoint (its input offloaded, the op
+    outputs the policy names offloaded, the rest recomputed) while the model trains with grad
+    enabled. Returns an OffloadHandle; handle.remove() restores the blocks."""
+    from .apply import OffloadHandle  # apply.py will register this mode
+
+    resolve(policy, "torch_offload.apply_selective")  # fail now, not at the first forward
+    if manager is not None and manager_options:
+        raise ValueError("torch_offload.apply_selective: pass either manager or manager options, not both")
+    manager = manager if manager is not None else OffloadManager(**manager_options)
+    handle = OffloadHandle(model, "selective", manager, layers=layers)
+    for block in blocks:
+        handle._wrap(block, lambda b, forward: _selective_forward(b, forward, manager, policy, min_bytes))
+    return handle
+
+
+def _selective_forward(block, forward, manager, policy, min_bytes):
+    def forward_with_offload(*args, **kwargs):
+        if block.training and torch.is_grad_enabled():
+            return checkpoint(forward, *args, policy=policy, manager=manager, min_bytes=min_bytes, **kwargs)
+        return forward(*args, **kwargs)
+
+    return forward_with_offload
