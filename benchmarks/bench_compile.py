@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
 from torch.utils.checkpoint import create_selective_checkpoint_contexts  # noqa: E402
-from torch_offload.compile import ATTENTION_OPS  # noqa: E402
+from torch_offload import policies  # noqa: E402
 from benchmarks.peak_memory import timeline  # noqa: E402
 from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, new_result,  # noqa: E402
                                release_memory, short_gpu_name, sync, table, timed_steps)
@@ -47,12 +47,6 @@ def parse_args():
     return finish_run_args(p.parse_args(), REFERENCE, tiny_shape=TINY, tiny_seqs="64")
 
 
-def _saving_policy(ctx, op, *args, **kwargs):
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    return CheckpointPolicy.MUST_SAVE if op in ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
-
-
 def _mark_all(gm, _inputs):
     for node in gm.graph.nodes:
         node.meta["should_offload"] = True
@@ -63,7 +57,7 @@ def build(variant, model):
     """The model to step for `variant`, and the config patch its compile and steps run under."""
     ckpt = {"use_reentrant": False}
     if variant == "sac_compiled":
-        ckpt["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _saving_policy)
+        ckpt["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policies.attention_save)
     patch = contextlib.nullcontext()
     if variant in ("ckpt_eager", "ckpt_compiled", "sac_compiled", "torch_ao"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt)

@@ -143,13 +143,6 @@ def test_cache_hit_still_offloads(tmp_path, monkeypatch):
         assert torch.equal(a, b)
 
 
-def _attention_saving_policy(ctx, op, *args, **kwargs):
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    from torch_offload.compile import ATTENTION_OPS
-    return CheckpointPolicy.MUST_SAVE if op in ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_selective_offloads_attention_outputs_bit_for_bit(device):
     # Reference: torch's selective checkpointing that keeps the attention outputs on the device.
@@ -162,7 +155,7 @@ def test_selective_offloads_attention_outputs_bit_for_bit(device):
     eager = copy.deepcopy(base)
     eager.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
         "use_reentrant": False,
-        "context_fn": functools.partial(create_selective_checkpoint_contexts, _attention_saving_policy)})
+        "context_fn": functools.partial(create_selective_checkpoint_contexts, torch_offload.policies.attention_save)})
     compiled = torch_offload.compile(copy.deepcopy(base), "selective", min_bytes=BOUNDARY_BYTES,
                                      fullgraph=True, backend="aot_eager")
     ids = torch.randint(0, 256, (2, 32), device=device)
@@ -177,16 +170,16 @@ def test_selective_offloads_attention_outputs_bit_for_bit(device):
     offloaded = partitioner.offloaded[0]
     # 3 layer inputs + each layer's attention output (its logsumexp is under min_bytes here).
     assert len(offloaded) == 6, offloaded
-    from torch_offload.compile import ATTENTION_OPS
+    from torch_offload.policies import ATTENTION_OPS
     _, bwd = partitioner.graphs[0]
     assert not any(t in ATTENTION_OPS for t in _targets(bwd)), "attention recomputed in backward"
 
 
 def test_selective_policy_errors_and_custom_function():
-    with pytest.raises(ValueError, match="unknown policy 'mlp'"):
+    with pytest.raises(ValueError, match="unknown policy='mlp'"):
         torch_offload.compile(_tiny_llama("cpu"), "selective", policy="mlp")
-    from torch_offload.compile import attention_policy
-    compiled = torch_offload.compile(_tiny_llama("cpu", dropout=0.0), "selective", policy=attention_policy,
+    compiled = torch_offload.compile(_tiny_llama("cpu", dropout=0.0), "selective",
+                                     policy=torch_offload.policies.attention,
                                      min_bytes=BOUNDARY_BYTES, backend="aot_eager")
     _grads(compiled, torch.randint(0, 256, (2, 32)), "cpu")
     assert len(compiled.offload_partitioner.offloaded[0]) == 6

@@ -11,27 +11,9 @@ from typing import Optional
 
 import torch
 
+from . import policies
 from .compile_partitioner import COMPILE_MODES, OffloadPartitioner
 from .manager import OffloadManager
-
-# Ops whose outputs the "attention" policy offloads instead of recomputing: every SDPA backend's
-# forward (output and logsumexp are what its backward needs besides q, k, v).
-ATTENTION_OPS = tuple(
-    getattr(torch.ops.aten, name).default
-    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
-    if hasattr(torch.ops.aten, name))
-
-
-def attention_policy(ctx, op, *args, **kwargs):
-    """Selective-checkpointing policy: offload attention outputs, recompute everything else."""
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    return CheckpointPolicy.MUST_CPU_OFFLOAD if op in ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-_POLICIES = {"attention": attention_policy}
-
 
 def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None,
             min_bytes: int = 1 << 20, blocks=None, backend: str = "inductor",
@@ -41,9 +23,10 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
 
     mode="hidden_states": the model's blocks run under torch's gradient checkpointing (a Hugging Face
     model's own, or torch.utils.checkpoint around `blocks`), and the checkpoint inputs are offloaded.
-    mode="selective": the same checkpointing with a selective policy (`policy`: "attention", or a
-    torch policy function `(ctx, op, *args, **kwargs) -> CheckpointPolicy`): outputs it marks
-    CheckpointPolicy.MUST_CPU_OFFLOAD are offloaded and not recomputed; the checkpoint inputs too.
+    mode="selective": the same checkpointing with a selective policy (`policy`: a name from
+    torch_offload.policies, e.g. "attention", or a torch policy function `(ctx, op, *args,
+    **kwargs) -> CheckpointPolicy`): outputs it marks CheckpointPolicy.MUST_CPU_OFFLOAD are saved
+    and offloaded, not recomputed; MUST_SAVE ones stay on the device; the checkpoint inputs move.
     mode="all": no checkpointing; every saved activation of at least min_bytes is offloaded.
     backend="inductor" (default) passes our partitioner through inductor's custom_partitioner_fn
     option; backend="aot_eager" runs the same partitioned graphs with eager kernels (numerically
@@ -58,7 +41,7 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
         raise TypeError("torch_offload.compile: pass torch.compile's mode as compile_mode=")
     if mode not in COMPILE_MODES:
         raise ValueError(f"torch_offload.compile: unknown mode {mode!r}; expected one of {COMPILE_MODES}")
-    policy_fn = _policy(policy) if mode == "selective" else None
+    policy_fn = policies.resolve(policy, "torch_offload.compile") if mode == "selective" else None
     options = _inductor_options(compile_mode, options, backend)
     # Compiled graphs launch far ahead of the GPU: with saves a layer apart (hidden_states), earlier
     # sources are released in stream order at each save, or the allocator would still count them
@@ -83,15 +66,6 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
         compiled = torch.compile(model, backend=eager_backend, **compile_kwargs)
     compiled.offload_partitioner = partitioner
     return compiled
-
-
-def _policy(policy):
-    if callable(policy):
-        return policy
-    if policy not in _POLICIES:
-        raise ValueError(f"torch_offload.compile: unknown policy {policy!r}; expected one of "
-                         f"{tuple(_POLICIES)} or a function (ctx, op, *args, **kwargs) -> CheckpointPolicy")
-    return _POLICIES[policy]
 
 
 def _inductor_options(compile_mode, options, backend) -> dict:
