@@ -1,59 +1,35 @@
-"""apply(model, mode=...): turns offloading on for a model's blocks (decoder layers)."""
-import warnings
-from typing import Iterable, List, Optional
+"""apply(model, mode=...): turns offloading on for a model's blocks (decoder layers).
 
-import torch
+apply() checks what is common to every mode, turns on layer offloading when asked, and hands the
+rest to the mode's entry point (MODES; one module per mode under torch_offload/modes/).
+"""
+from typing import Iterable, Optional
+
 from torch import nn
 
-from .activations import MODE_ALIASES, canonical_mode, offload_activations, resident_tensors
-from .blocks import current_forward, find_blocks, set_forward
-from .checkpoint import checkpoint
+from .handle import OffloadHandle, blocks_to_wrap
 from .layers import offload_layers
-from .manager import OffloadManager
-from .modules import offload_modules
+from .modes.activations_all import apply_all, apply_disk, apply_sync
+from .modes.hidden_states import apply_hidden_states
+from .modes.modules import apply_modules
 
-MODES = ("hidden_states", "modules") + tuple(sorted(MODE_ALIASES))
+# mode name -> apply_<mode>(model, blocks, manager, options) -> OffloadHandle
+MODES = {
+    "hidden_states": apply_hidden_states,
+    "modules": apply_modules,
+    "all": apply_all,
+    "sync": apply_sync,
+    "disk": apply_disk,
+}
+# The names axolotl and TRL configs use.
+ALIASES = {True: "all", "true": "all", "legacy": "sync"}
 
 
-class OffloadHandle:
-    """What apply() returns: the manager in use and its statistics, the layer offloading
-    (`layers`, when asked for) and the modules-mode report, and remove() to undo apply()."""
-
-    def __init__(self, model: nn.Module, mode, manager, layers=None, modules=None):
-        self.model = model
-        self.mode = mode
-        self.manager = manager
-        self.layers = layers  # LayerOffloadHandle with layer_offloading=True
-        self.modules = modules  # ModuleOffloadHandle in "modules" mode
-        self.blocks: List[nn.Module] = []
-        self._previous_forwards = []
-
-    def stats(self) -> dict:
-        """Statistics of the activation manager (layer offloading: `layers.stats()`)."""
-        return dict(self.manager.stats()) if self.manager is not None else {}
-
-    def report(self) -> dict:
-        """modules mode: bytes the last forward offloaded and freed (see offload_modules)."""
-        if self.modules is None:
-            raise RuntimeError("torch_offload: report() is for mode='modules'")
-        return self.modules.report()
-
-    def remove(self) -> None:
-        for block, previous in zip(self.blocks, self._previous_forwards):
-            set_forward(block, previous)
-            block.__dict__.pop("_torch_offload_handle", None)
-        self.blocks, self._previous_forwards = [], []
-        if self.modules is not None:
-            self.modules.remove()
-        if self.layers is not None:
-            self.layers.remove()
-            self.layers = None
-
-    def _wrap(self, block: nn.Module, wrapper) -> None:
-        self._previous_forwards.append(block.__dict__.get("forward"))
-        self.blocks.append(block)
-        block._torch_offload_handle = self
-        set_forward(block, wrapper(block, current_forward(block)))
+def _no_activation_offloading(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
+    if manager is not None or options:
+        raise ValueError("torch_offload.apply: manager and its options are for activation offloading "
+                         "(mode=None has none; offload_layers takes its own)")
+    return OffloadHandle(model, None, None)
 
 
 def apply(
@@ -63,8 +39,7 @@ def apply(
     manager=None,
     *,
     layer_offloading: bool = False,
-    targets=None,
-    **manager_options,
+    **options,
 ) -> OffloadHandle:
     """Turns on offloading for `model` and returns an OffloadHandle.
 
@@ -88,83 +63,32 @@ def apply(
 
     `blocks` defaults to the decoder layers of a Hugging Face model (Llama, Qwen, Mistral and
     similar, PEFT-wrapped too); pass any list of modules for other models. `manager` defaults to
-    a new OffloadManager built from `manager_options` (max_in_flight, prefetch_depth,
+    a new OffloadManager built from the options (max_in_flight, prefetch_depth,
     host_budget_bytes).
     """
-    if mode is not True and mode is not None and mode not in MODES:
-        raise ValueError(f"torch_offload.apply: unknown mode {mode!r}; expected one of {MODES} or None")
-    if mode == "modules" and not targets:
-        raise ValueError("torch_offload.apply: mode='modules' needs targets=[name patterns or module classes]")
-    if targets is not None and mode != "modules":
+    name = ALIASES.get(mode, mode) if isinstance(mode, (str, bool)) else mode
+    if name is not None and name not in MODES:
+        names = tuple(MODES) + tuple(k for k in ALIASES if isinstance(k, str))
+        raise ValueError(f"torch_offload.apply: unknown mode {mode!r}; expected one of {names} or None")
+    entry = MODES[name] if name is not None else _no_activation_offloading
+    if "targets" in options and options["targets"] is None:
+        del options["targets"]  # the default, written out
+    if "targets" in options and name != "modules":
         raise ValueError("torch_offload.apply: targets is for mode='modules'")
-    if manager is not None and manager_options:
+    if manager is not None and any(k != "targets" for k in options):
         raise ValueError("torch_offload.apply: pass either manager or manager options, not both")
-    if mode is None and (manager is not None or manager_options):
-        raise ValueError("torch_offload.apply: manager and its options are for activation offloading "
-                         "(mode=None has none; offload_layers takes its own)")
     blocks = list(blocks) if blocks is not None else None
-    if mode not in (None, "modules") or layer_offloading:  # modes that wrap the blocks
-        blocks = blocks if blocks is not None else find_blocks(model)
-        if not blocks:
-            raise ValueError("torch_offload.apply: blocks is empty")
-        if any("_torch_offload_handle" in block.__dict__ for block in blocks):
-            raise ValueError("torch_offload.apply: a block is already wrapped; call remove() first")
-
     # Layer offloading goes innermost: its weights must be on the device inside the checkpoint's
     # recompute and inside activation hooks.
-    layers = offload_layers(model, blocks) if layer_offloading else None
+    layers = None
+    if layer_offloading:
+        blocks = blocks_to_wrap(model, blocks)
+        layers = offload_layers(model, blocks)
     try:
-        handle = _apply_mode(model, mode, blocks, manager, layers, targets, manager_options)
+        handle = entry(model, blocks, manager, options)
     except Exception:
         if layers is not None:
             layers.remove()
         raise
-    if mode is not None and getattr(model, "is_gradient_checkpointing", False):
-        # Checkpointing twice would recompute twice; ours replaces the model's own (and modules
-        # mode offloads instead of recomputing).
-        model.gradient_checkpointing_disable()
-    config = getattr(model, "config", None)
-    if mode == "hidden_states" and config is not None and getattr(config, "use_cache", False):
-        warnings.warn("torch_offload.apply: setting config.use_cache=False (a KV cache cannot be "
-                      "filled by a recomputed layer)")
-        config.use_cache = False
+    handle.layers = layers
     return handle
-
-
-def _apply_mode(model, mode, blocks, manager, layers, targets, manager_options) -> OffloadHandle:
-    if mode is None:
-        return OffloadHandle(model, None, manager, layers=layers)
-    if mode == "modules":
-        modules = offload_modules(model, targets, manager=manager, **manager_options)
-        return OffloadHandle(model, mode, modules.manager, layers=layers, modules=modules)
-    if mode == "hidden_states":
-        manager = manager if manager is not None else OffloadManager(**manager_options)
-        handle = OffloadHandle(model, mode, manager, layers=layers)
-        for block in blocks:
-            handle._wrap(block, lambda b, forward: _checkpointed_forward(b, forward, manager))
-        return handle
-    mode = canonical_mode(mode)
-    hooks = offload_activations(mode, manager=manager, keep=resident_tensors(model), **manager_options)
-    handle = OffloadHandle(model, mode, hooks.manager, layers=layers)
-    for block in blocks[:-1]:  # the last block feeds the LM head right away: keep it resident
-        handle._wrap(block, lambda b, forward: _hooked_forward(b, forward, hooks))
-    return handle
-
-
-def _checkpointed_forward(block: nn.Module, forward, manager):
-    def forward_with_offload(*args, **kwargs):
-        if block.training and torch.is_grad_enabled():
-            return checkpoint(forward, *args, manager=manager, **kwargs)
-        return forward(*args, **kwargs)
-
-    return forward_with_offload
-
-
-def _hooked_forward(block: nn.Module, forward, hooks):
-    def forward_with_offload(*args, **kwargs):
-        if block.training and torch.is_grad_enabled():
-            with hooks:
-                return forward(*args, **kwargs)
-        return forward(*args, **kwargs)
-
-    return forward_with_offload
