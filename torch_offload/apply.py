@@ -12,6 +12,7 @@ from .layers import offload_layers
 from .modes.activations_all import apply_all, apply_disk, apply_sync
 from .modes.hidden_states import apply_hidden_states
 from .modes.modules import apply_modules
+from .modes.options import check_options
 
 # mode name -> apply_<mode>(model, blocks, manager, options) -> OffloadHandle
 MODES = {
@@ -26,9 +27,11 @@ ALIASES = {True: "all", "true": "all", "legacy": "sync"}
 
 
 def _no_activation_offloading(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
-    if manager is not None or options:
-        raise ValueError("torch_offload.apply: manager and its options are for activation offloading "
-                         "(mode=None has none; offload_layers takes its own)")
+    check_options(None, options, None, (), {name: "mode=None offloads no activations; offload_layers "
+                                                   "takes its own options" for name in options})
+    if manager is not None:
+        raise ValueError("torch_offload.apply: manager is for activation offloading (mode=None has "
+                         "none; offload_layers takes its own)")
     return OffloadHandle(model, None, None)
 
 
@@ -41,20 +44,23 @@ def apply(
     layer_offloading: bool = False,
     **options,
 ) -> OffloadHandle:
-    """Turns on offloading for `model` and returns an OffloadHandle.
+    """Turns on offloading for `model` and returns an OffloadHandle (stats(), remove()).
 
     mode="hidden_states": each block runs under torch_offload.checkpoint while the model is training
     and grad is enabled: its input (the hidden states) moves to pinned host memory during forward
-    and comes back, prefetched, when backward recomputes the block.
+    and comes back, prefetched, when backward recomputes the block. Every block input is offloaded
+    whatever its size (no min_bytes).
 
     mode="all" (alias "true", or True) / "sync" (alias "legacy") / "disk": the activations that
     autograd saves inside every block but the last are offloaded (see offload_activations);
-    parameters, buffers, small tensors, the last block and everything after it (the LM head) stay
-    on the GPU. Extra options: min_bytes, max_in_flight, prefetch_depth, host_budget_bytes.
+    parameters, buffers, the last block and everything after it (the LM head) stay on the GPU, and
+    so do saved tensors under `min_bytes` (default 1 MiB: on a small model that can be all of them;
+    a training step that offloads nothing warns once, NothingOffloadedWarning). "disk" writes to
+    `disk_dir` (default: a torch_offload directory under the system's temp dir).
 
     mode="modules": only the activations saved inside the submodules `targets` selects (name
     patterns such as "*.self_attn" or module classes) are offloaded; handle.report() gives the
-    bytes expected and freed (see offload_modules).
+    bytes expected and freed (see offload_modules). Takes min_bytes like "all".
 
     mode=None: no activation offloading (with layer_offloading=True: layer offloading only).
 
@@ -63,8 +69,15 @@ def apply(
 
     `blocks` defaults to the decoder layers of a Hugging Face model (Llama, Qwen, Mistral and
     similar, PEFT-wrapped too); pass any list of modules for other models. `manager` defaults to
-    a new OffloadManager built from the options (max_in_flight, prefetch_depth,
-    host_budget_bytes).
+    a new OffloadManager built from the options max_in_flight, prefetch_depth, host_budget_bytes
+    (and disk_dir). Options by mode:
+      hidden_states:          max_in_flight, prefetch_depth, host_budget_bytes, disk_dir
+      all / sync / disk:      min_bytes, max_in_flight, prefetch_depth, host_budget_bytes, disk_dir
+      modules:                targets, and the options of "all"
+    An option the mode does not take raises TypeError naming it.
+
+    On a Hugging Face model apply() turns the model's own gradient checkpointing off and, in
+    hidden_states mode, sets config.use_cache=False (with a warning); remove() restores both.
     """
     name = ALIASES.get(mode, mode) if isinstance(mode, (str, bool)) else mode
     if name is not None and name not in MODES:
@@ -73,10 +86,6 @@ def apply(
     entry = MODES[name] if name is not None else _no_activation_offloading
     if "targets" in options and options["targets"] is None:
         del options["targets"]  # the default, written out
-    if "targets" in options and name != "modules":
-        raise ValueError("torch_offload.apply: targets is for mode='modules'")
-    if manager is not None and any(k != "targets" for k in options):
-        raise ValueError("torch_offload.apply: pass either manager or manager options, not both")
     blocks = list(blocks) if blocks is not None else None
     # Layer offloading goes innermost: its weights must be on the device inside the checkpoint's
     # recompute and inside activation hooks.

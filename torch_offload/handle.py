@@ -1,5 +1,6 @@
 """OffloadHandle: what apply() returns, and how it undoes what apply() changed."""
-from typing import List
+import warnings
+from typing import Callable, List
 
 from torch import nn
 
@@ -18,6 +19,7 @@ class OffloadHandle:
         self.modules = modules  # ModuleOffloadHandle in "modules" mode
         self.blocks: List[nn.Module] = []
         self._previous_forwards = []
+        self._undo: List[Callable[[], None]] = []  # puts back model state apply() changed
 
     def stats(self) -> dict:
         """Statistics of the activation manager (layer offloading: `layers.stats()`)."""
@@ -39,6 +41,38 @@ class OffloadHandle:
         if self.layers is not None:
             self.layers.remove()
             self.layers = None
+        while self._undo:
+            self._undo.pop()()
+
+    def on_remove(self, *hook_handles) -> None:
+        """remove() also removes these hooks (torch.utils.hooks.RemovableHandle)."""
+        self._undo.extend(h.remove for h in hook_handles)
+
+    def disable_hf_checkpointing(self) -> None:
+        """Turns a Hugging Face model's own gradient checkpointing off (ours replaces it, or the
+        mode needs no recompute); remove() turns it back on with the same checkpoint function."""
+        flags = [(m, m.gradient_checkpointing) for m in self.model.modules()
+                 if getattr(m, "gradient_checkpointing", False) is True]
+        for module, _ in flags:
+            module.gradient_checkpointing = False
+
+        def restore():
+            for module, flag in flags:
+                module.gradient_checkpointing = flag
+
+        self._undo.append(restore)
+
+    def disable_kv_cache(self) -> None:
+        """Sets a Hugging Face config's use_cache=False (a KV cache cannot be filled by a recomputed
+        layer), with a warning; remove() puts the old value back."""
+        config = getattr(self.model, "config", None)
+        if config is None or not getattr(config, "use_cache", False):
+            return
+        warnings.warn("torch_offload.apply: setting config.use_cache=False (a KV cache cannot be "
+                      "filled by a recomputed layer); handle.remove() sets it back")
+        previous = config.use_cache
+        config.use_cache = False
+        self._undo.append(lambda: setattr(config, "use_cache", previous))
 
     def wrap(self, block: nn.Module, wrapper) -> None:
         """Installs wrapper(block, forward) as `block`'s forward; remove() puts the old one back."""

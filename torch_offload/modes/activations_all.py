@@ -4,7 +4,9 @@ import torch
 from torch import nn
 
 from ..activations import offload_activations, resident_tensors
+from ..empty_steps import watch_model_steps
 from ..handle import OffloadHandle, blocks_to_wrap
+from .options import ACTIVATION_OPTIONS, check_options
 
 
 def apply_all(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
@@ -20,13 +22,15 @@ def apply_disk(model: nn.Module, blocks, manager, options: dict) -> OffloadHandl
 
 
 def _apply_activations(mode: str, model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
+    check_options(mode, options, manager, ACTIVATION_OPTIONS)
     blocks = blocks_to_wrap(model, blocks)
-    hooks = offload_activations(mode, manager=manager, keep=resident_tensors(model), **options)
+    hooks = offload_activations(mode, manager=manager, keep=resident_tensors(model), warn_on_exit=False,
+                                **options)
     handle = OffloadHandle(model, mode, hooks.manager)
+    handle.on_remove(*watch_model_steps(model, hooks.counts, hooks.min_bytes))
     for block in blocks[:-1]:  # the last block feeds the LM head right away: keep it resident
         handle.wrap(block, lambda b, forward: _hooked_forward(b, forward, hooks))
-    if getattr(model, "is_gradient_checkpointing", False):
-        model.gradient_checkpointing_disable()  # offloaded activations need no recompute
+    handle.disable_hf_checkpointing()  # offloaded activations need no recompute
     return handle
 
 
