@@ -1,59 +1,12 @@
-"""What the benchmark scripts share: model shapes, the random-init Llama builder, pinned-memory
-bandwidth, and small helpers. Import after putting the repository root on sys.path."""
-import datetime
-import gc
-import shlex
-import statistics
+"""What the benchmark scripts share. The measuring helpers live in the package
+(torch_offload/bench/common.py, also used by `python -m torch_offload.bench`); this file adds the
+scripts' command-line options. Import after putting the repository root on sys.path."""
 import sys
-import time
 from pathlib import Path
 
-import torch
-
-GB = 1e9
-# DESIGN.md's reference model (1.26B) and the Llama-3-8B shape; TINY for CPU smoke runs.
-REFERENCE = dict(layers=24, hidden=2048, intermediate=5632, heads=16, kv_heads=8, vocab=32000)
-LLAMA3_8B = dict(layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, vocab=128256)
-TINY = dict(layers=3, hidden=128, intermediate=256, heads=4, kv_heads=2, vocab=512)
-
-
-def log(*a):
-    print(*a, flush=True)
-
-
-def sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def gpu_name(device) -> str:
-    return torch.cuda.get_device_name() if device == "cuda" else "cpu"
-
-
-def short_gpu_name(device) -> str:
-    """"h100" for "NVIDIA H100 80GB HBM3": the suffix of result file names."""
-    return "cpu" if device == "cpu" else gpu_name(device).split()[1].split("-")[0].lower()
-
-
-def build_llama(shape: dict, device: str, max_positions: int):
-    """A random-init LlamaForCausalLM (SDPA, no KV cache) in training mode: bf16 on CUDA (built in
-    bf16 so an 8B model never exists in fp32), fp32 on CPU."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
-                         intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
-                         num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-                         max_position_embeddings=max_positions, attn_implementation="sdpa", use_cache=False)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    torch.manual_seed(0)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = LlamaForCausalLM(config)
-    finally:
-        torch.set_default_dtype(previous)
-    return model.train()
+from torch_offload.bench.common import (GB, LLAMA3_8B, REFERENCE, TINY, build_llama, gpu_name,  # noqa: F401
+                                        log, new_result, pinned_bandwidth, release_memory,
+                                        short_gpu_name, sync, table, timed_steps)
 
 
 def add_run_args(parser, seqs: str, steps: int, warmup=2) -> None:
@@ -75,69 +28,3 @@ def finish_run_args(args, shape: dict, tiny_shape: dict = TINY, tiny_seqs: str =
         args.seqs = tiny_seqs
     args.seq_list = [int(s) for s in args.seqs.split(",")]
     return args
-
-
-def new_result(args, **extra) -> dict:
-    """The header every results JSON starts with: the command, when, torch, model shape, device."""
-    return {"command": " ".join(shlex.quote(a) for a in sys.argv), "date": datetime.datetime.now().isoformat(),
-            "torch": torch.__version__, "config": args.config, "gpu": gpu_name(args.device), "runs": [], **extra}
-
-
-def release_memory(device) -> None:
-    """Between runs: collect garbage, return cached device and pinned host memory."""
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-        torch._C._host_emptyCache()
-
-
-def timed_steps(step, steps: int, seq: int, device) -> dict:
-    """Runs `step` `steps` times, each between device syncs: median and every step time, tokens/s
-    and, on CUDA, peak allocated / reserved memory since the caller last reset the peaks."""
-    times = []
-    for _ in range(steps):
-        sync(device)
-        start = time.perf_counter()
-        step()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    row = {"step_s": statistics.median(times), "times_s": times}
-    row["tokens_per_s"] = seq / row["step_s"]
-    if device == "cuda":
-        row["peak_allocated_GB"] = torch.cuda.max_memory_allocated() / GB
-        row["peak_reserved_GB"] = torch.cuda.max_memory_reserved() / GB
-    return row
-
-
-def table(runs, columns) -> list:
-    """Markdown table lines for benchmark runs: seq, variant, then `columns` as (title, key, format);
-    a missing value shows "-", a failed run its error."""
-    lines = ["| seq | variant | " + " | ".join(title for title, _, _ in columns) + " |",
-             "|---|---|" + "---|" * len(columns)]
-    for r in runs:
-        if "error" in r:
-            cells = [r["error"]] + [""] * (len(columns) - 1)
-        else:
-            cells = [fmt.format(r[key]) if r.get(key) is not None else "-" for _, key, fmt in columns]
-        lines.append(f"| {r['seq']} | {r['variant']} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def pinned_bandwidth(nbytes: int = 1 << 30, repeats: int = 3) -> dict:
-    """Best-of-`repeats` pinned host<->device copy bandwidth in GB/s: {"bytes", "d2h_GBps",
-    "h2d_GBps"}."""
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    out = {"bytes": nbytes}
-    for name, dst, src in (("d2h", host, dev), ("h2d", dev, host)):
-        best = float("inf")
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            dst.copy_(src, non_blocking=True)
-            torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t)
-        out[name + "_GBps"] = nbytes / best / GB
-    del host, dev
-    release_memory("cuda")
-    return out

@@ -21,3 +21,12 @@ def test_lora_layer_offload_example(device):
                          capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "layer offloading:" in run.stdout and "prefetched restores" in run.stdout, run.stdout
+
+
+def test_hf_trainer_example():
+    pytest.importorskip("transformers")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    run = subprocess.run([sys.executable, str(REPO / "examples" / "hf_trainer.py"), "--device", "cpu"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "offloading (hidden_states): losses" in run.stdout and " saves" in run.stdout, run.stdout

@@ -103,7 +103,7 @@ def test_modules_mode_arguments_are_checked():
     model = _tiny_llama("cpu")
     with pytest.raises(ValueError, match="needs targets"):
         torch_offload.apply(model, mode="modules")
-    with pytest.raises(ValueError, match="targets is for mode='modules'"):
+    with pytest.raises(TypeError, match="targets is for mode='modules'"):
         torch_offload.apply(model, mode="all", targets=["*.mlp"])
     with pytest.raises(RuntimeError, match="report\\(\\) is for mode='modules'"):
         torch_offload.apply(model, mode="hidden_states").report()

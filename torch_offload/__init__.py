@@ -9,6 +9,7 @@ from .apply import OffloadHandle, apply
 from .blocks import find_blocks
 from .checkpoint import checkpoint
 from .compile import OffloadPartitioner, compile
+from .empty_steps import NothingOffloadedWarning
 from .layers import LayerOffloadHandle, offload_layers
 from .manager import OffloadManager, default_manager, stats
 from .modules import ModuleOffloadHandle, offload_modules, select_modules
@@ -17,9 +18,20 @@ from .selective import checkpoint as selective_checkpoint
 
 library_path = load_library()
 
+
+def __getattr__(name):
+    # torch_offload.integrations imports transformers: loaded on first use, not with the package.
+    if name == "integrations":
+        import importlib
+
+        return importlib.import_module(".integrations", __name__)
+    raise AttributeError(f"module 'torch_offload' has no attribute {name!r}")
+
+
 __all__ = [
     "LayerOffloadHandle",
     "ModuleOffloadHandle",
+    "NothingOffloadedWarning",
     "OffloadHandle",
     "OffloadManager",
     "apply",

@@ -22,6 +22,7 @@ try:  # DTensor (tensor parallel / FSDP2 shards): offload the local shard, rebui
 except ImportError:  # torch built without distributed
     DTensor = None
 from . import weight_tokens
+from .empty_steps import StepCounts
 from .manager import OffloadManager
 
 MODE_ALIASES = {"all": "all", "true": "all", "sync": "sync", "legacy": "sync", "disk": "disk"}
@@ -109,6 +110,8 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
     `prefetch_depth` (tensors copied back ahead of need in backward), `host_budget_bytes`
     (0 = unlimited), `disk_dir` (the disk tier: where "disk" writes, where "all" spills), or a
     ready `manager`. `on_offload(t)` is called with each tensor offloaded (modules mode counts them).
+    Leaving the context after tensors were saved but none offloaded warns once, saying why
+    (NothingOffloadedWarning; apply() checks each training step instead: warn_on_exit=False).
     """
 
     def __init__(
@@ -123,6 +126,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         keep: Iterable[torch.Tensor] = (),
         disk_dir: Optional[str] = None,
         on_offload: Optional[Callable[[torch.Tensor], None]] = None,
+        warn_on_exit: bool = True,
     ):
         self.mode = canonical_mode(mode)
         self.min_bytes = min_bytes
@@ -138,6 +142,8 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
                 disk_only=self.mode == "disk",
             )
         self.manager = manager
+        self.counts = counts = StepCounts()
+        self.warn_on_exit = warn_on_exit
         manager_id = manager.id()
         min_bytes = self.min_bytes
         # Storages that stay resident whatever views of them autograd saves (model weights, buffers).
@@ -156,13 +162,21 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
                     return t  # the shard stays (small, or a weight)
                 packed.dtensor_spec = (t.device_mesh, t.placements, t.shape, t.stride())
                 return packed
+            nbytes = t.numel() * t.element_size()
             if (
-                t.numel() * t.element_size() < min_bytes
-                or t.layout != torch.strided
+                t.layout != torch.strided
+                or t.is_quantized  # the engine copies dense tensors only
+                or t.is_nested
                 or _is_weight(t)
                 or (kept_storages and t.untyped_storage().data_ptr() in kept_storages)
             ):
+                counts.kept_other += 1
                 return t
+            if nbytes < min_bytes:
+                counts.under_min_bytes += 1
+                counts.largest_under_min_bytes = max(counts.largest_under_min_bytes, nbytes)
+                return t
+            counts.offloaded += 1
             source, permutation, expanded_sizes = _compact(t.detach())
             if on_offload is not None:
                 on_offload(t)
@@ -184,7 +198,14 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
 
     def __enter__(self):
         super().__enter__()
+        if self.warn_on_exit:
+            self._counts_on_enter = self.counts.snapshot()
         return self
+
+    def __exit__(self, *exc_info):
+        super().__exit__(*exc_info)
+        if self.warn_on_exit and exc_info[0] is None:
+            self.counts.warn_if_nothing_offloaded(self._counts_on_enter, self.min_bytes)
 
     def stats(self) -> dict:
         return dict(self.manager.stats())

@@ -18,6 +18,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .activations import offload_activations, resident_tensors
+from .empty_steps import watch_model_steps
 from .hook_scopes import HookScopes
 
 Target = Union[str, type]
@@ -51,7 +52,7 @@ class ModuleOffloadHandle:
         self.model = model
         self.modules = modules
         self.hooks = offload_activations("all", keep=resident_tensors(model), on_offload=self._record,
-                                         **hooks_options)
+                                         warn_on_exit=False, **hooks_options)
         self.manager = self.hooks.manager
         self._offloaded = {}  # storage data_ptr -> (weak ref to the storage, bytes), last forward
         self._lock = threading.Lock()
@@ -103,6 +104,7 @@ def offload_modules(model: nn.Module, targets: Iterable[Target], *, min_bytes: i
     handle = ModuleOffloadHandle(model, select_modules(model, targets),
                                  dict(manager=manager, min_bytes=min_bytes, **manager_options))
     handle._hook_handles.append(model.register_forward_pre_hook(handle._new_forward))
+    handle._hook_handles += watch_model_steps(model, handle.hooks.counts, min_bytes)
     for _, module in handle.modules:
         handle._hook_handles.append(module.register_forward_pre_hook(handle._enter))
         handle._hook_handles.append(module.register_forward_hook(handle._exit, always_call=True))

@@ -1,0 +1,159 @@
+"""torch_offload.integrations with a real transformers Trainer: every mode trains a tiny random
+Llama to the same per-step losses and final weights as the same Trainer run without offloading
+(fp32, CPU, no dropout), and the config values axolotl and TRL users write map to our modes."""
+import copy
+import warnings
+
+import pytest
+import torch
+from accelerate import Accelerator
+from transformers import Trainer, TrainingArguments
+
+import torch_offload
+from torch_offload.integrations import OffloadCallback, apply_prepared, enable, from_config
+from test_models import _freeze_layer_weights, _steps_match_plain, _tiny_llama
+
+STEPS = 3
+
+
+class _TokenDataset(torch.utils.data.Dataset):
+    """Random token sequences, language-modelling labels (in memory, fixed by the seed)."""
+
+    def __init__(self, n=6, length=24):
+        generator = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, 256, (n, length), generator=generator)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class _LossRecordingTrainer(Trainer):
+    """Keeps each step's loss exactly (the logged ones are rounded)."""
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        loss = super().compute_loss(model, inputs, *args, **kwargs)
+        self.losses.append(loss.detach().clone())
+        return loss
+
+
+def _train(model, tmp_path, callbacks=(), **extra_args):
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=STEPS,
+                             per_device_train_batch_size=2, learning_rate=1e-2, seed=0,
+                             report_to=[], save_strategy="no", logging_strategy="no",
+                             disable_tqdm=True, dataloader_num_workers=0,
+                             **extra_args)
+    trainer = _LossRecordingTrainer(model=model, args=args, train_dataset=_TokenDataset(),
+                                    callbacks=list(callbacks))
+    trainer.losses = []
+    trainer.train()
+    return trainer
+
+
+def _model(frozen=False):
+    model = _tiny_llama("cpu", dropout=0.0)
+    return _freeze_layer_weights(model) if frozen else model
+
+
+_plain_runs = {}
+
+
+def _plain(tmp_path, frozen):
+    """The same Trainer run without offloading: per-step losses and final weights."""
+    if frozen not in _plain_runs:
+        model = _model(frozen)
+        losses = _train(model, tmp_path).losses
+        _plain_runs[frozen] = (losses, {k: v.clone() for k, v in model.state_dict().items()})
+    return _plain_runs[frozen]
+
+
+MODES = [
+    ("hidden_states", {}, False),
+    ("all", {"min_bytes": 0}, False),
+    ("sync", {"min_bytes": 0}, False),
+    ("disk", {"min_bytes": 0}, False),
+    ("modules", {"targets": ["*.self_attn", "*.mlp"], "min_bytes": 0}, False),
+    ("hidden_states", {"layer_offloading": True}, True),
+    (None, {"layer_offloading": True}, True),
+]
+
+
+@pytest.mark.parametrize("mode, options, frozen", MODES,
+                         ids=["hidden_states", "all", "sync", "disk", "modules",
+                              "hidden_states+layers", "layers"])
+def test_trainer_losses_equal_plain_run(tmp_path, mode, options, frozen):
+    if mode == "disk":
+        options = dict(options, disk_dir=str(tmp_path / "spill"))
+    plain_losses, plain_weights = _plain(tmp_path, frozen)
+    model = _model(frozen)
+    callback = OffloadCallback(mode, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch_offload.NothingOffloadedWarning)
+        trainer = _train(model, tmp_path, [callback])
+    assert len(trainer.losses) == STEPS
+    for step, (ours, plain) in enumerate(zip(trainer.losses, plain_losses)):
+        assert torch.equal(ours, plain), f"step {step}: {ours.item()} != {plain.item()}"
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, plain_weights[name]), name
+    # Offloading happened, and was undone when training ended.
+    stats = callback.stats if mode is not None else {}
+    assert mode is None or stats["saves"] > 0
+    assert callback.handle is None
+    assert all("forward" not in layer.__dict__ for layer in model.model.layers)
+
+
+def test_trainer_gradient_checkpointing_is_replaced_then_restored(tmp_path):
+    plain_losses, _ = _plain(tmp_path, False)
+    model = _model()
+    callback = OffloadCallback("hidden_states")
+    with pytest.warns(UserWarning, match="use_cache=False"):  # the Trainer sets args.use_cache
+        trainer = _train(model, tmp_path, [callback], gradient_checkpointing=True, use_cache=True)
+    assert all(torch.equal(a, b) for a, b in zip(trainer.losses, plain_losses))
+    assert callback.stats["saves"] > 0
+    # remove() at the end of training: HF checkpointing and the cache as the Trainer left them.
+    assert model.is_gradient_checkpointing and model.config.use_cache is True
+
+
+def test_enable_on_a_built_trainer(tmp_path):
+    model = _model()
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=1,
+                             per_device_train_batch_size=2, report_to=[], save_strategy="no",
+                             disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset())
+    callback = enable(trainer, "all", min_bytes=0)
+    assert callback in trainer.callback_handler.callbacks
+    trainer.train()
+    assert callback.stats["saves"] > 0
+
+
+@pytest.mark.parametrize("value, expected", [
+    (True, "all"), ("true", "all"), ("True", "all"), ("legacy", "sync"), ("disk", "disk"),
+    ("hidden_states", "hidden_states"), (False, None), (None, None),
+])
+def test_config_values_map_to_modes(value, expected):
+    assert from_config(value, layer_offloading=True) == {"mode": expected, "layer_offloading": True}
+    callback = OffloadCallback.from_config(value, layer_offloading=True, max_in_flight=2)
+    assert (callback.mode, callback.options) == (expected, {"layer_offloading": True, "max_in_flight": 2})
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ValueError, match=r"from_config: unknown activation_offloading='offload_all'"):
+        from_config("offload_all")
+    with pytest.raises(ValueError, match="nothing to turn on"):
+        from_config(False)
+    with pytest.raises(ValueError, match="layer_offloading must be true or false"):
+        from_config("disk", layer_offloading="yes")
+
+
+def test_accelerate_prepared_model_matches_plain():
+    plain = _model()
+    accelerator = Accelerator(cpu=True)
+    prepared = accelerator.prepare(copy.deepcopy(plain))
+    # A wrapper as accelerate builds for several processes: apply_prepared finds the model inside.
+    wrapped = torch.nn.parallel.DataParallel(prepared) if prepared is not None else prepared
+    handle = apply_prepared(wrapped, "hidden_states")
+    assert handle.model is prepared
+    _steps_match_plain(prepared, plain, "cpu")
+    assert handle.stats()["saves"] > 0

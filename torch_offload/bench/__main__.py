@@ -1,0 +1,94 @@
+"""python -m torch_offload.bench [--model reference|llama3-8b|tiny] [--modes ...] [--seqs ...]
+
+Trains a random-init LlamaForCausalLM (bf16 on CUDA, fp32 on CPU; SDPA; batch 1) forward+backward
+under each variant at each sequence length, prints a table and optionally writes JSON and, per run
+of our modes, a torch.profiler trace. Variants: none, checkpointing (torch's, non-reentrant), and
+our modes hidden_states, all, sync, disk. Examples:
+
+    python -m torch_offload.bench --modes checkpointing,hidden_states --seqs 16384,32768 --json r.json
+    python -m torch_offload.bench --model tiny --device cpu --seqs 64 --steps 1   # smoke test
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from .common import build_llama, gpu_name, new_result, table
+from .runner import MODES, SHAPES, VARIANTS, add_ratios, run
+
+COLUMNS = [("tokens/s", "tokens_per_s", "{:.0f}"), ("x checkpointing", "x_checkpointing", "{:.3f}"),
+           ("peak allocated GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
+           ("moved MB/step", "moved_MB", "{:.1f}"), ("compute wait ms/step", "compute_wait_ms", "{:.1f}"),
+           ("host wait ms/step", "host_wait_ms", "{:.1f}")]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m torch_offload.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="reference", choices=sorted(SHAPES),
+                        help="reference: DESIGN.md's 1.26B Llama; llama3-8b: its shape; tiny: for CPU")
+    parser.add_argument("--modes", default="none,checkpointing,hidden_states",
+                        help="comma-separated, from " + ",".join(VARIANTS))
+    parser.add_argument("--seqs", default="4096,16384", help="comma-separated sequence lengths")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
+    parser.add_argument("--min-bytes", type=int, default=None, help="min_bytes of all/sync/disk (default apply()'s)")
+    parser.add_argument("--disk-dir", default=None, help="disk_dir of the disk mode")
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--trace", default=None, help="folder for one profiler trace per run of our modes")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    args.variants = [v.strip() for v in args.modes.split(",") if v.strip()]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--modes: unknown {', '.join(unknown)}; expected some of {', '.join(VARIANTS)}")
+    args.seq_list = [int(s) for s in args.seqs.split(",")]
+    args.config = SHAPES[args.model]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available on this machine (use --device cpu)")
+    return args
+
+
+def _progress(total: int, enabled: bool):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if not enabled or tqdm is None:
+        return None
+    return tqdm(total=total, unit="run", file=sys.stderr)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    result = new_result(args, model=args.model, device=args.device)
+    model = build_llama(args.config, args.device, max(args.seq_list))
+    options = {"min_bytes": args.min_bytes, "disk_dir": args.disk_dir}
+    trace_dir = Path(args.trace) if args.trace else None
+    if trace_dir is not None:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+    bar = _progress(len(args.seq_list) * len(args.variants), not args.no_progress)
+    for seq in args.seq_list:
+        for variant in args.variants:
+            if bar is not None:
+                bar.set_description(f"{variant} @ {seq}")
+            trace = trace_dir / f"{variant}_{seq}.json" if trace_dir is not None and variant in MODES else None
+            result["runs"].append(run(model, variant, seq, args.device, args.warmup, args.steps, options, trace))
+            if bar is not None:
+                bar.update()
+    if bar is not None:
+        bar.close()
+    add_ratios(result["runs"])
+    print(f"{args.model} Llama on {gpu_name(args.device)}, batch 1, median of {args.steps} steps")
+    print("\n".join(table(result["runs"], COLUMNS)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

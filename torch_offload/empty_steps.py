@@ -1,0 +1,56 @@
+"""A warning, once, when a training step offloaded nothing, saying why: every saved tensor was
+under min_bytes, or every one was a parameter, buffer or view of one (those stay on the device)."""
+import warnings
+
+import torch
+from torch import nn
+
+
+class NothingOffloadedWarning(UserWarning):
+    """A step ran under activation offloading and no saved tensor was offloaded."""
+
+
+class StepCounts:
+    """What the saved-tensor hooks did with each tensor autograd saved (pack() counts)."""
+
+    def __init__(self):
+        self.offloaded = 0
+        self.under_min_bytes = 0
+        self.largest_under_min_bytes = 0
+        self.kept_other = 0  # parameters, buffers, views of them, non-dense tensors
+        self.warned = False
+
+    def snapshot(self) -> tuple:
+        return (self.offloaded, self.under_min_bytes, self.kept_other)
+
+    def warn_if_nothing_offloaded(self, since: tuple, min_bytes: int) -> None:
+        offloaded, small, other = (now - before for now, before in zip(self.snapshot(), since))
+        if self.warned or offloaded or not (small or other):  # no tensor saved: no grad, eval
+            return
+        self.warned = True
+        if small:
+            why = (f"{small} saved tensors were under min_bytes={min_bytes} (the largest: "
+                   f"{self.largest_under_min_bytes} bytes); pass a smaller min_bytes (e.g. "
+                   "min_bytes=0) to offload them")
+            if other:
+                why += f"; {other} more were parameters, buffers or views of them"
+        else:
+            why = f"all {other} saved tensors were parameters, buffers or views of them (kept)"
+        warnings.warn("torch_offload: a training step offloaded nothing: " + why,
+                      NothingOffloadedWarning, stacklevel=3)
+
+
+def watch_model_steps(model: nn.Module, counts: StepCounts, min_bytes: int) -> list:
+    """Checks each training forward of `model` (grad enabled) with counts.warn_if_nothing_offloaded.
+    Returns the hook handles (remove() them to stop)."""
+    since = {}
+
+    def before(module, args):
+        since["counts"] = counts.snapshot()
+
+    def after(module, args, output):
+        start = since.pop("counts", None)
+        if start is not None and module.training and torch.is_grad_enabled():
+            counts.warn_if_nothing_offloaded(start, min_bytes)
+
+    return [model.register_forward_pre_hook(before), model.register_forward_hook(after)]

@@ -1,0 +1,44 @@
+"""mode="all" (alias "true") / "sync" (alias "legacy") / "disk": the activations autograd saves
+inside every block but the last go through offload_activations' hooks (no recompute)."""
+import torch
+from torch import nn
+
+from ..activations import offload_activations, resident_tensors
+from ..empty_steps import watch_model_steps
+from ..handle import OffloadHandle, blocks_to_wrap
+from .options import ACTIVATION_OPTIONS, check_options
+
+
+def apply_all(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
+    return _apply_activations("all", model, blocks, manager, options)
+
+
+def apply_sync(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
+    return _apply_activations("sync", model, blocks, manager, options)
+
+
+def apply_disk(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
+    return _apply_activations("disk", model, blocks, manager, options)
+
+
+def _apply_activations(mode: str, model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
+    check_options(mode, options, manager, ACTIVATION_OPTIONS)
+    blocks = blocks_to_wrap(model, blocks)
+    hooks = offload_activations(mode, manager=manager, keep=resident_tensors(model), warn_on_exit=False,
+                                **options)
+    handle = OffloadHandle(model, mode, hooks.manager)
+    handle.on_remove(*watch_model_steps(model, hooks.counts, hooks.min_bytes))
+    for block in blocks[:-1]:  # the last block feeds the LM head right away: keep it resident
+        handle.wrap(block, lambda b, forward: _hooked_forward(b, forward, hooks))
+    handle.disable_hf_checkpointing()  # offloaded activations need no recompute
+    return handle
+
+
+def _hooked_forward(block: nn.Module, forward, hooks):
+    def forward_with_offload(*args, **kwargs):
+        if block.training and torch.is_grad_enabled():
+            with hooks:
+                return forward(*args, **kwargs)
+        return forward(*args, **kwargs)
+
+    return forward_with_offload

@@ -1,0 +1,35 @@
+"""Checks the keyword arguments a user gave apply() against what the chosen mode takes, so that an
+error names apply() and the argument, not the class the options are passed on to."""
+import inspect
+from typing import Iterable
+
+from ..manager import OffloadManager
+
+# Options that build the OffloadManager: not allowed together with a ready manager=.
+MANAGER_OPTIONS = tuple(inspect.signature(OffloadManager).parameters)
+# Options of offload_activations ("all", "sync", "disk" and "modules" modes).
+ACTIVATION_OPTIONS = ("min_bytes", "max_in_flight", "prefetch_depth", "host_budget_bytes", "disk_dir")
+
+# Why an option a user may expect is not taken, or what they may have meant.
+_HINTS = {
+    "targets": "targets is for mode='modules'",
+    "min_bytes": "min_bytes is for modes 'all', 'sync', 'disk' and 'modules'",
+    "layers": "the blocks to wrap are blocks=[...]; frozen-weight offloading is layer_offloading=True",
+    "layer_offload": "did you mean layer_offloading=True?",
+}
+
+
+def check_options(mode, options: dict, manager, allowed: Iterable[str], why: dict = None) -> None:
+    """Raises TypeError for an option `mode` does not take and ValueError for manager options
+    given together with a manager. `why`: reasons specific to the mode (they win over _HINTS)."""
+    allowed = tuple(allowed)
+    for name in options:
+        if name not in allowed:
+            hint = (why or {}).get(name) or _HINTS.get(name)
+            takes = ", ".join(allowed) if allowed else "no options"
+            raise TypeError(f"torch_offload.apply(mode={mode!r}) got an unexpected keyword argument "
+                            f"{name!r}" + (f" ({hint})" if hint else "") + f"; mode={mode!r} takes: {takes}")
+    clashing = [name for name in options if name in MANAGER_OPTIONS]
+    if manager is not None and clashing:
+        raise ValueError(f"torch_offload.apply: pass either manager= or the options that build one "
+                         f"({', '.join(clashing)}), not both")
