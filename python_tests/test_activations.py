@@ -1,5 +1,6 @@
 """offload_activations / apply(mode="all"|"sync"): every saved activation offloaded through the ops.
 Gradients must equal plain training bit for bit; layouts of saved views must survive."""
+import contextlib
 import copy
 
 import pytest
@@ -237,10 +238,11 @@ def test_over_budget_without_disk_is_a_clear_error():
     assert hooks.stats()["live_handles"] == 0
 
 
-def test_dtensor_local_shards_are_offloaded():
+@contextlib.contextmanager
+def _single_rank_mesh():
+    """A one-process gloo group (unless one exists) and its CPU device mesh."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate, Shard
 
     if not dist.is_available():
         pytest.skip("torch built without distributed")
@@ -248,7 +250,16 @@ def test_dtensor_local_shards_are_offloaded():
     if owns_group:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        mesh = init_device_mesh("cpu", (1,))
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+
+
+def test_dtensor_local_shards_are_offloaded():
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    with _single_rank_mesh() as mesh:
         torch.manual_seed(0)
         w = torch.randn(16, 16)
         x = torch.randn(8, 16)
@@ -268,6 +279,30 @@ def test_dtensor_local_shards_are_offloaded():
         loss.backward()
         assert torch.equal(dw.grad.to_local(), ref_w.grad)
         assert hooks.stats()["saves"] == hooks.stats()["restores"]
-    finally:
-        if owns_group:
-            dist.destroy_process_group()
+
+
+def test_keep_takes_dtensors_and_survives_storage_resize():
+    # FSDP2's sharded parameters are DTensors, and it frees and re-allocates unsharded parameter
+    # data in place (storage resize_): kept tensors are matched by storage, not by data pointer.
+    from torch.distributed.tensor import DTensor, Replicate
+
+    with _single_rank_mesh() as mesh:
+        buffer = torch.randn(64, 64)
+        sharded = DTensor.from_local(buffer, mesh, [Replicate()])
+        hooks = torch_offload.offload_activations("all", min_bytes=0, keep=[sharded])
+        storage = buffer.untyped_storage()
+        storage.resize_(0)
+        storage.resize_(64 * 64 * 4)
+        buffer.normal_()
+        x = torch.randn(64, 64, requires_grad=True)
+        ref_x = x.detach().clone().requires_grad_()
+
+        def fn(inp):  # saves the alias buffer.detach() (kept), inp (a leaf: kept), tanh's output
+            return (inp * buffer.detach()).sum() + torch.tanh(inp).sum()
+
+        with hooks:
+            loss = fn(x)
+        loss.backward()
+        fn(ref_x).backward()
+        assert torch.equal(x.grad, ref_x.grad)
+        assert hooks.stats()["saves"] == 1  # only tanh's output

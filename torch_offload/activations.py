@@ -14,6 +14,7 @@ import tempfile
 from typing import Callable, Iterable, Optional
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ._ops import offload_restore, offload_save
 
@@ -100,11 +101,34 @@ def resident_tensors(model: torch.nn.Module) -> list:
     return list(model.parameters()) + list(model.buffers())
 
 
+def _storage_of(t: torch.Tensor):
+    """The storage holding t's data: a DTensor's is its local shard's (the DTensor wrapper has no
+    storage of its own)."""
+    return (t._local_tensor if _is_dtensor(t) else t).untyped_storage()
+
+
+def kept_storages(keep: Iterable[torch.Tensor]) -> dict:
+    """Storage identity (the StorageImpl address) -> weak reference, for the tensors in `keep`.
+
+    Keyed by identity, not data pointer: FSDP2 frees and re-allocates a parameter's data in place
+    (storage resize_), which changes the pointer, not the storage; and a freed pointer is soon
+    reused by an activation, which would then wrongly stay on the device. The weak references keep
+    each address from being reused by another storage while we compare against it, without keeping
+    any data alive (the original parameters that fully_shard replaces must be freed)."""
+    refs = {}
+    for t in keep:
+        ref = StorageWeakRef(_storage_of(t))
+        refs[ref.cdata] = ref
+    return refs
+
+
 class offload_activations(torch.autograd.graph.saved_tensors_hooks):
     """Context manager: tensors that autograd saves inside it are offloaded.
 
-    Kept on the device: parameters, leaves that require grad and views of either, tensors sharing
-    storage with a tensor in `keep` (apply() passes the model's parameters and buffers), tensors
+    Kept on the device: parameters, leaves that require grad and views of either (so the unsharded
+    parameters FSDP2 installs for each forward, recognised as nn.Parameters: FSDP2 frees and
+    re-gathers their data itself), tensors sharing storage with a tensor in `keep` (apply() passes
+    the model's parameters and buffers; a DTensor counts by its local shard), tensors
     smaller than `min_bytes`. Options: `max_in_flight` (copies in flight before forward blocks),
     `prefetch_depth` (tensors copied back ahead of need in backward), `host_budget_bytes`
     (0 = unlimited), `disk_dir` (the disk tier: where "disk" writes, where "all" spills), or a
@@ -141,7 +165,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         manager_id = manager.id()
         min_bytes = self.min_bytes
         # Storages that stay resident whatever views of them autograd saves (model weights, buffers).
-        kept_storages = {t.untyped_storage().data_ptr() for t in keep}
+        kept = kept_storages(keep)
 
         def pack(t: torch.Tensor):
             token = weight_tokens.pack(t)
@@ -160,7 +184,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
                 t.numel() * t.element_size() < min_bytes
                 or t.layout != torch.strided
                 or _is_weight(t)
-                or (kept_storages and t.untyped_storage().data_ptr() in kept_storages)
+                or (kept and t.untyped_storage()._cdata in kept)
             ):
                 return t
             source, permutation, expanded_sizes = _compact(t.detach())
