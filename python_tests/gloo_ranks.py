@@ -1,4 +1,6 @@
-"""Runs a function in N CPU processes joined in a gloo process group (what torchrun would start),
+"""single_rank_mesh(): a one-process gloo group and its CPU device mesh, in the test process.
+
+Runs a function in N CPU processes joined in a gloo process group (what torchrun would start),
 for tests of distributed training on machines without GPUs.
 
 run_ranks(fn, world_size) spawns the ranks; each calls fn(rank, world_size, *args) with the group
@@ -6,6 +8,7 @@ initialised and returns a JSON-serialisable value; run_ranks returns rank 0's va
 raises fails the call with its traceback; ranks still running after `timeout_s` are ended (a
 collective that one rank never reaches would otherwise hang the test run).
 """
+import contextlib
 import datetime
 import json
 import os
@@ -15,6 +18,25 @@ import time
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+
+@contextlib.contextmanager
+def single_rank_mesh():
+    """A one-process gloo group (unless one exists) and its CPU device mesh: enough for DTensors and
+    fully_shard in the test process itself."""
+    import pytest
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_available():
+        pytest.skip("torch built without distributed")
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
 
 
 def free_port() -> int:

@@ -1,6 +1,5 @@
 """offload_activations / apply(mode="all"|"sync"): every saved activation offloaded through the ops.
 Gradients must equal plain training bit for bit; layouts of saved views must survive."""
-import contextlib
 import copy
 
 import pytest
@@ -9,6 +8,7 @@ from torch import nn
 
 import torch_offload
 from conftest import DEVICES, assert_same_grads
+from gloo_ranks import single_rank_mesh
 from test_models import _steps_match_plain, _tiny_llama
 
 MODES = ["all", "sync", "true", "legacy", True]
@@ -238,28 +238,10 @@ def test_over_budget_without_disk_is_a_clear_error():
     assert hooks.stats()["live_handles"] == 0
 
 
-@contextlib.contextmanager
-def _single_rank_mesh():
-    """A one-process gloo group (unless one exists) and its CPU device mesh."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if not dist.is_available():
-        pytest.skip("torch built without distributed")
-    owns_group = not dist.is_initialized()
-    if owns_group:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        if owns_group:
-            dist.destroy_process_group()
-
-
 def test_dtensor_local_shards_are_offloaded():
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    with _single_rank_mesh() as mesh:
+    with single_rank_mesh() as mesh:
         torch.manual_seed(0)
         w = torch.randn(16, 16)
         x = torch.randn(8, 16)
@@ -286,7 +268,7 @@ def test_keep_takes_dtensors_and_survives_storage_resize():
     # data in place (storage resize_): kept tensors are matched by storage, not by data pointer.
     from torch.distributed.tensor import DTensor, Replicate
 
-    with _single_rank_mesh() as mesh:
+    with single_rank_mesh() as mesh:
         buffer = torch.randn(64, 64)
         sharded = DTensor.from_local(buffer, mesh, [Replicate()])
         hooks = torch_offload.offload_activations("all", min_bytes=0, keep=[sharded])
