@@ -12,6 +12,7 @@ from .compile import OffloadPartitioner, compile
 from .layers import LayerOffloadHandle, offload_layers
 from .manager import OffloadManager, default_manager, stats
 from .modules import ModuleOffloadHandle, offload_modules, select_modules
+from .node_budget import gather_stats
 
 library_path = load_library()
 
@@ -26,6 +27,7 @@ __all__ = [
     "OffloadPartitioner",
     "default_manager",
     "find_blocks",
+    "gather_stats",
     "library_path",
     "offload_activations",
     "offload_layers",

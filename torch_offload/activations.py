@@ -22,7 +22,7 @@ try:  # DTensor (tensor parallel / FSDP2 shards): offload the local shard, rebui
     from torch.distributed.tensor import DTensor
 except ImportError:  # torch built without distributed
     DTensor = None
-from . import weight_tokens
+from . import node_budget, weight_tokens
 from .manager import OffloadManager
 
 MODE_ALIASES = {"all": "all", "true": "all", "sync": "sync", "legacy": "sync", "disk": "disk"}
@@ -131,7 +131,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
     the model's parameters and buffers; a DTensor counts by its local shard), tensors
     smaller than `min_bytes`. Options: `max_in_flight` (copies in flight before forward blocks),
     `prefetch_depth` (tensors copied back ahead of need in backward), `host_budget_bytes`
-    (0 = unlimited), `disk_dir` (the disk tier: where "disk" writes, where "all" spills), or a
+    (0 = unlimited) or `node_host_budget_bytes` (shared by the ranks of a node), `disk_dir` (the disk tier: where "disk" writes, where "all" spills), or a
     ready `manager`. `on_offload(t)` is called with each tensor offloaded (modules mode counts them).
     """
 
@@ -143,6 +143,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         max_in_flight: int = 4,
         prefetch_depth: int = 4,
         host_budget_bytes: int = 0,
+        node_host_budget_bytes: int = 0,
         manager: Optional[object] = None,
         keep: Iterable[torch.Tensor] = (),
         disk_dir: Optional[str] = None,
@@ -157,6 +158,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
                 max_in_flight=max_in_flight,
                 prefetch_depth=0 if self.mode == "sync" else prefetch_depth,
                 host_budget_bytes=host_budget_bytes,
+                node_host_budget_bytes=node_host_budget_bytes,
                 synchronous=self.mode == "sync",
                 disk_dir=disk_dir or "",
                 disk_only=self.mode == "disk",
@@ -190,7 +192,12 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
             source, permutation, expanded_sizes = _compact(t.detach())
             if on_offload is not None:
                 on_offload(t)
-            return _Packed(offload_save(source, manager_id), t.device, permutation, expanded_sizes)
+            try:
+                handle = offload_save(source, manager_id)
+            except RuntimeError as error:
+                node_budget.name_in_error(error, manager_id)
+                raise
+            return _Packed(handle, t.device, permutation, expanded_sizes)
 
         def unpack(packed):
             if isinstance(packed, torch.Tensor):

@@ -89,7 +89,8 @@ def apply(
     `blocks` defaults to the decoder layers of a Hugging Face model (Llama, Qwen, Mistral and
     similar, PEFT-wrapped too); pass any list of modules for other models. `manager` defaults to
     a new OffloadManager built from `manager_options` (max_in_flight, prefetch_depth,
-    host_budget_bytes).
+    host_budget_bytes, or node_host_budget_bytes: the host memory shared by the ranks of a node,
+    split evenly by LOCAL_WORLD_SIZE).
     """
     if mode is not True and mode is not None and mode not in MODES:
         raise ValueError(f"torch_offload.apply: unknown mode {mode!r}; expected one of {MODES} or None")

@@ -22,7 +22,7 @@ from .activations import _is_dtensor
 from .blocks import current_forward, find_blocks, set_forward
 from .hook_scopes import HookScopes
 from .manager import OffloadManager
-from . import weight_tokens
+from . import node_budget, weight_tokens
 
 _WRAPPED = "_torch_offload_layer"  # attribute marking a block wrapped by offload_layers
 
@@ -222,6 +222,7 @@ def offload_layers(
     *,
     manager=None,
     host_budget_bytes: int = 0,
+    node_host_budget_bytes: int = 0,
     max_in_flight: int = 4,
 ) -> LayerOffloadHandle:
     """Keeps the frozen parameters of each layer in (pinned) host memory; see the module docstring.
@@ -229,7 +230,8 @@ def offload_layers(
     `layers` defaults to the decoder layers of a Hugging Face model (PEFT models included); they
     should be listed in execution order (that is the prefetch order). Call it before apply(); or
     use apply(model, mode, layer_offloading=True), which does so. Raises when the frozen weights do
-    not fit in available host memory or in `host_budget_bytes`, leaving the model unchanged.
+    not fit in available host memory or in `host_budget_bytes` (or this rank's share of
+    `node_host_budget_bytes`, see node_budget.py), leaving the model unchanged.
     Returns a LayerOffloadHandle (stats(), offloaded_bytes, remove()).
     """
     blocks = list(layers) if layers is not None else find_blocks(model)
@@ -249,7 +251,8 @@ def offload_layers(
     if manager is None:
         # prefetch_depth=0: the layer order, not the save order, says which weights come next.
         manager = OffloadManager(max_in_flight=max_in_flight, prefetch_depth=0,
-                                 host_budget_bytes=host_budget_bytes)
+                                 host_budget_bytes=host_budget_bytes,
+                                 node_host_budget_bytes=node_host_budget_bytes)
     handle = LayerOffloadHandle(model, manager)
     handle.layers = [_Layer(b, i, names.get(id(b), ""), handle) for i, b in enumerate(blocks)]
     weights = [w for layer in handle.layers for w in layer.weights]
@@ -273,9 +276,11 @@ def offload_layers(
         for w in weights:
             w.handle = offload_save(w.param.detach(), manager_id)
         manager.synchronize()
-    except Exception:
+    except Exception as error:
         for w in weights:
             w.handle = None  # the host copies are freed; the parameters were not touched
+        if isinstance(error, RuntimeError):
+            node_budget.name_in_error(error, manager_id)
         raise
     for layer in handle.layers:
         for w in layer.weights:
