@@ -8,6 +8,7 @@ from torch import nn
 
 import torch_offload
 from conftest import DEVICES, assert_same_grads
+from gloo_ranks import single_rank_mesh
 from test_models import _steps_match_plain, _tiny_llama
 
 MODES = ["all", "sync", "true", "legacy", True]
@@ -238,17 +239,9 @@ def test_over_budget_without_disk_is_a_clear_error():
 
 
 def test_dtensor_local_shards_are_offloaded():
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    if not dist.is_available():
-        pytest.skip("torch built without distributed")
-    owns_group = not dist.is_initialized()
-    if owns_group:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        mesh = init_device_mesh("cpu", (1,))
+    with single_rank_mesh() as mesh:
         torch.manual_seed(0)
         w = torch.randn(16, 16)
         x = torch.randn(8, 16)
@@ -268,6 +261,30 @@ def test_dtensor_local_shards_are_offloaded():
         loss.backward()
         assert torch.equal(dw.grad.to_local(), ref_w.grad)
         assert hooks.stats()["saves"] == hooks.stats()["restores"]
-    finally:
-        if owns_group:
-            dist.destroy_process_group()
+
+
+def test_keep_takes_dtensors_and_survives_storage_resize():
+    # FSDP2's sharded parameters are DTensors, and it frees and re-allocates unsharded parameter
+    # data in place (storage resize_): kept tensors are matched by storage, not by data pointer.
+    from torch.distributed.tensor import DTensor, Replicate
+
+    with single_rank_mesh() as mesh:
+        buffer = torch.randn(64, 64)
+        sharded = DTensor.from_local(buffer, mesh, [Replicate()])
+        hooks = torch_offload.offload_activations("all", min_bytes=0, keep=[sharded])
+        storage = buffer.untyped_storage()
+        storage.resize_(0)
+        storage.resize_(64 * 64 * 4)
+        buffer.normal_()
+        x = torch.randn(64, 64, requires_grad=True)
+        ref_x = x.detach().clone().requires_grad_()
+
+        def fn(inp):  # saves the alias buffer.detach() (kept), inp (a leaf: kept), tanh's output
+            return (inp * buffer.detach()).sum() + torch.tanh(inp).sum()
+
+        with hooks:
+            loss = fn(x)
+        loss.backward()
+        fn(ref_x).backward()
+        assert torch.equal(x.grad, ref_x.grad)
+        assert hooks.stats()["saves"] == 1  # only tanh's output

@@ -8,6 +8,7 @@ import torch
 
 import torch_offload
 from conftest import DEVICES, assert_same_grads
+from gloo_ranks import single_rank_mesh
 from test_models import _freeze_layer_weights, _llama_step, _steps_match_plain, _tiny_llama
 
 IDS_SHAPE = (2, 32)
@@ -293,3 +294,34 @@ def test_cuda_holds_only_a_few_layers_of_frozen_weights(checkpointing):
     # The installed layer, the next one prefetched, and the last layer prefetched for backward.
     assert ours_peak <= plain_peak + 3 * layer_bytes + layer_bytes // 4, (ours_peak, plain_peak, layer_bytes)
     assert handle.layers.stats()["prefetch_hits"] > 0
+
+
+def test_fsdp2_sharded_layers_are_refused_with_a_clear_error():
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    with single_rank_mesh():
+        model = _frozen_base_llama("cpu")
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        with pytest.raises(ValueError, match=r"offload_layers: parameter .* is a DTensor .*CPUOffloadPolicy"):
+            torch_offload.apply(model, "hidden_states", layer_offloading=True)
+        # Nothing changed: the model still trains under FSDP2.
+        assert all(isinstance(p, DTensor) for p in model.parameters())
+        ids = torch.randint(0, 256, IDS_SHAPE)
+        model(input_ids=ids, labels=ids).loss.backward()
+
+
+def test_fully_shard_after_offload_layers_is_a_clear_error():
+    from torch.distributed.fsdp import fully_shard
+
+    with single_rank_mesh():
+        model = _frozen_base_llama("cpu")
+        torch_offload.offload_layers(model)
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        ids = torch.randint(0, 256, IDS_SHAPE)
+        with pytest.raises(RuntimeError, match=r"replaced in its module .*fully_shard.*CPUOffloadPolicy"):
+            model(input_ids=ids, labels=ids)

@@ -88,7 +88,7 @@ def _tiny_llama(dropout):
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_llama_apply_selective_matches_hf_with_torch_sac(dropout):
     ours, theirs = _tiny_llama(dropout), _tiny_llama(dropout)
-    handle = torch_offload.apply_selective(ours, ours.model.layers, policy="attention", min_bytes=0)
+    handle = torch_offload.apply(ours, "selective", ours.model.layers, policy="attention", min_bytes=0)
     theirs.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
         "use_reentrant": False, "context_fn": torch_sac_attention})
     ids = torch.randint(0, 256, (2, 32))
@@ -159,7 +159,7 @@ def test_outputs_below_min_bytes_stay_on_the_device():
 
 def test_unknown_policy_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown policy='attn'"):
-        torch_offload.apply_selective(nn.Linear(2, 2), [], policy="attn")
+        torch_offload.apply(nn.Linear(2, 2), "selective", [nn.Linear(2, 2)], policy="attn")
     with pytest.raises(ValueError, match="OpOverloads"):
         torch_offload.selective_checkpoint(lambda t: t.sin(), torch.randn(2, requires_grad=True),
                                            policy=[torch.ops.aten.sin])
@@ -195,7 +195,7 @@ def test_context_fn_is_refused_by_selective_checkpoint():
 def test_apply_selective_only_in_training_with_grad():
     model = nn.Sequential(AttentionBlock(), AttentionBlock())
     manager = torch_offload.OffloadManager()
-    handle = torch_offload.apply_selective(model, list(model), manager)
+    handle = torch_offload.apply(model, "selective", list(model), manager)
     x = torch.randn(2, 16, 32)
     model.eval()
     model(x).sum()

@@ -13,7 +13,8 @@ from .empty_steps import NothingOffloadedWarning
 from .layers import LayerOffloadHandle, offload_layers
 from .manager import OffloadManager, default_manager, stats
 from .modules import ModuleOffloadHandle, offload_modules, select_modules
-from .selective import apply_selective, selective_offload_contexts
+from .node_budget import gather_stats
+from .selective import selective_offload_contexts
 from .selective import checkpoint as selective_checkpoint
 
 library_path = load_library()
@@ -35,12 +36,12 @@ __all__ = [
     "OffloadHandle",
     "OffloadManager",
     "apply",
-    "apply_selective",
     "checkpoint",
     "compile",
     "OffloadPartitioner",
     "default_manager",
     "find_blocks",
+    "gather_stats",
     "library_path",
     "offload_activations",
     "offload_layers",

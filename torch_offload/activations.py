@@ -14,6 +14,7 @@ import tempfile
 from typing import Callable, Iterable, Optional
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ._ops import offload_restore, offload_save
 
@@ -21,7 +22,7 @@ try:  # DTensor (tensor parallel / FSDP2 shards): offload the local shard, rebui
     from torch.distributed.tensor import DTensor
 except ImportError:  # torch built without distributed
     DTensor = None
-from . import weight_tokens
+from . import node_budget, weight_tokens
 from .empty_steps import StepCounts
 from .manager import OffloadManager
 
@@ -101,14 +102,37 @@ def resident_tensors(model: torch.nn.Module) -> list:
     return list(model.parameters()) + list(model.buffers())
 
 
+def _storage_of(t: torch.Tensor):
+    """The storage holding t's data: a DTensor's is its local shard's (the DTensor wrapper has no
+    storage of its own)."""
+    return (t._local_tensor if _is_dtensor(t) else t).untyped_storage()
+
+
+def kept_storages(keep: Iterable[torch.Tensor]) -> dict:
+    """Storage identity (the StorageImpl address) -> weak reference, for the tensors in `keep`.
+
+    Keyed by identity, not data pointer: FSDP2 frees and re-allocates a parameter's data in place
+    (storage resize_), which changes the pointer, not the storage; and a freed pointer is soon
+    reused by an activation, which would then wrongly stay on the device. The weak references keep
+    each address from being reused by another storage while we compare against it, without keeping
+    any data alive (the original parameters that fully_shard replaces must be freed)."""
+    refs = {}
+    for t in keep:
+        ref = StorageWeakRef(_storage_of(t))
+        refs[ref.cdata] = ref
+    return refs
+
+
 class offload_activations(torch.autograd.graph.saved_tensors_hooks):
     """Context manager: tensors that autograd saves inside it are offloaded.
 
-    Kept on the device: parameters, leaves that require grad and views of either, tensors sharing
-    storage with a tensor in `keep` (apply() passes the model's parameters and buffers), tensors
+    Kept on the device: parameters, leaves that require grad and views of either (so the unsharded
+    parameters FSDP2 installs for each forward, recognised as nn.Parameters: FSDP2 frees and
+    re-gathers their data itself), tensors sharing storage with a tensor in `keep` (apply() passes
+    the model's parameters and buffers; a DTensor counts by its local shard), tensors
     smaller than `min_bytes`. Options: `max_in_flight` (copies in flight before forward blocks),
     `prefetch_depth` (tensors copied back ahead of need in backward), `host_budget_bytes`
-    (0 = unlimited), `disk_dir` (the disk tier: where "disk" writes, where "all" spills), or a
+    (0 = unlimited) or `node_host_budget_bytes` (shared by the ranks of a node), `disk_dir` (the disk tier: where "disk" writes, where "all" spills), or a
     ready `manager`. `on_offload(t)` is called with each tensor offloaded (modules mode counts them).
     Leaving the context after tensors were saved but none offloaded warns once, saying why
     (NothingOffloadedWarning; apply() checks each training step instead: warn_on_exit=False).
@@ -122,6 +146,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         max_in_flight: int = 4,
         prefetch_depth: int = 4,
         host_budget_bytes: int = 0,
+        node_host_budget_bytes: int = 0,
         manager: Optional[object] = None,
         keep: Iterable[torch.Tensor] = (),
         disk_dir: Optional[str] = None,
@@ -137,6 +162,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
                 max_in_flight=max_in_flight,
                 prefetch_depth=0 if self.mode == "sync" else prefetch_depth,
                 host_budget_bytes=host_budget_bytes,
+                node_host_budget_bytes=node_host_budget_bytes,
                 synchronous=self.mode == "sync",
                 disk_dir=disk_dir or "",
                 disk_only=self.mode == "disk",
@@ -147,7 +173,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         manager_id = manager.id()
         min_bytes = self.min_bytes
         # Storages that stay resident whatever views of them autograd saves (model weights, buffers).
-        kept_storages = {t.untyped_storage().data_ptr() for t in keep}
+        kept = kept_storages(keep)
 
         def pack(t: torch.Tensor):
             token = weight_tokens.pack(t)
@@ -168,7 +194,7 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
                 or t.is_quantized  # the engine copies dense tensors only
                 or t.is_nested
                 or _is_weight(t)
-                or (kept_storages and t.untyped_storage().data_ptr() in kept_storages)
+                or (kept and t.untyped_storage()._cdata in kept)
             ):
                 counts.kept_other += 1
                 return t
@@ -180,7 +206,12 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
             source, permutation, expanded_sizes = _compact(t.detach())
             if on_offload is not None:
                 on_offload(t)
-            return _Packed(offload_save(source, manager_id), t.device, permutation, expanded_sizes)
+            try:
+                handle = offload_save(source, manager_id)
+            except RuntimeError as error:
+                node_budget.name_in_error(error, manager_id)
+                raise
+            return _Packed(handle, t.device, permutation, expanded_sizes)
 
         def unpack(packed):
             if isinstance(packed, torch.Tensor):

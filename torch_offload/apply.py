@@ -12,11 +12,13 @@ from .layers import offload_layers
 from .modes.activations_all import apply_all, apply_disk, apply_sync
 from .modes.hidden_states import apply_hidden_states
 from .modes.modules import apply_modules
+from .modes.selective import apply_selective
 from .modes.options import check_options
 
 # mode name -> apply_<mode>(model, blocks, manager, options) -> OffloadHandle
 MODES = {
     "hidden_states": apply_hidden_states,
+    "selective": apply_selective,
     "modules": apply_modules,
     "all": apply_all,
     "sync": apply_sync,
@@ -58,6 +60,11 @@ def apply(
     a training step that offloads nothing warns once, NothingOffloadedWarning). "disk" writes to
     `disk_dir` (default: a torch_offload directory under the system's temp dir).
 
+    mode="selective": like "hidden_states", and inside each block the op outputs a policy names
+    (policy="attention": the fused attention outputs and logsumexp; or torch_offload.policies /
+    a torch policy function) are offloaded too and not recomputed in backward; outputs under
+    min_bytes (default 64 KiB) stay on the device.
+
     mode="modules": only the activations saved inside the submodules `targets` selects (name
     patterns such as "*.self_attn" or module classes) are offloaded; handle.report() gives the
     bytes expected and freed (see offload_modules). Takes min_bytes like "all".
@@ -72,6 +79,7 @@ def apply(
     a new OffloadManager built from the options max_in_flight, prefetch_depth, host_budget_bytes
     (and disk_dir). Options by mode:
       hidden_states:          max_in_flight, prefetch_depth, host_budget_bytes, disk_dir
+      selective:              policy, min_bytes, and the options of "hidden_states"
       all / sync / disk:      min_bytes, max_in_flight, prefetch_depth, host_budget_bytes, disk_dir
       modules:                targets, and the options of "all"
     An option the mode does not take raises TypeError naming it.

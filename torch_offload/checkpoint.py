@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from torch.utils.checkpoint import noop_context_fn
 
 from ._ops import offload_restore, offload_save
+from . import node_budget
 from .manager import default_manager
 
 _TENSOR = object()  # marks where a tensor stood among flattened leaves
@@ -49,7 +50,11 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=noop_context_fn, 
     manager = manager if manager is not None else default_manager()
     manager_id = manager.id()
     first = tensors[0]
-    handle = offload_save(first.detach(), manager_id)
+    try:
+        handle = offload_save(first.detach(), manager_id)
+    except RuntimeError as error:
+        node_budget.name_in_error(error, manager_id)
+        raise
     template = [_TENSOR if isinstance(v, torch.Tensor) else v for v in leaves]
     pending = {"input": first}  # the real input, for the forward run only
 

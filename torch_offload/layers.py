@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from ._ops import offload_restore, offload_save
+from .activations import _is_dtensor
 from .blocks import current_forward, find_blocks, set_forward
 from .hook_scopes import HookScopes
 from .manager import OffloadManager
-from . import weight_tokens
+from . import node_budget, weight_tokens
 
 _WRAPPED = "_torch_offload_layer"  # attribute marking a block wrapped by offload_layers
 
@@ -60,6 +61,14 @@ class _FrozenWeight:
                 "place after offload_layers; its host copy is the weight, so the change would reach "
                 "only part of training. Call handle.remove() before changing frozen weights, then "
                 "offload_layers again."
+            )
+        if self.module._parameters.get(self.name) is not p:
+            raise RuntimeError(
+                f"torch_offload.offload_layers: the frozen weight {self.qualified} was replaced in "
+                "its module after offload_layers (by fully_shard, which installs its own sharded "
+                "and unsharded parameters, or by assigning a new Parameter). Layer offloading and "
+                "FSDP2 do not combine: use fully_shard(..., offload_policy=CPUOffloadPolicy()) to "
+                "keep sharded weights in host memory, or call handle.remove() first."
             )
         if p.device.type != "cpu" or p.untyped_storage().data_ptr() != self.handle.untyped_storage().data_ptr():
             raise RuntimeError(
@@ -191,12 +200,29 @@ def _weights_on_device(layer: _Layer, forward):
     return forward_with_weights
 
 
+def _refuse_sharded_parameters(blocks) -> None:
+    """FSDP2 (fully_shard) and tensor parallelism make parameters DTensors, and FSDP2 swaps each
+    module's parameters for unsharded ones around every forward: layer offloading, which installs
+    device copies of whole weights in the same place, cannot work underneath."""
+    for block in blocks:
+        for name, p in block.named_parameters():
+            if _is_dtensor(p):
+                raise ValueError(
+                    f"torch_offload.offload_layers: parameter {name} of layer {type(block).__name__} "
+                    "is a DTensor (FSDP2 fully_shard or tensor parallel). Layer offloading does not "
+                    "support sharded parameters; with FSDP2 use fully_shard(..., "
+                    "offload_policy=CPUOffloadPolicy()) to keep the sharded weights in host memory "
+                    "(activation offloading modes do work with FSDP2)."
+                )
+
+
 def offload_layers(
     model: nn.Module,
     layers: Optional[Iterable[nn.Module]] = None,
     *,
     manager=None,
     host_budget_bytes: int = 0,
+    node_host_budget_bytes: int = 0,
     max_in_flight: int = 4,
 ) -> LayerOffloadHandle:
     """Keeps the frozen parameters of each layer in (pinned) host memory; see the module docstring.
@@ -204,7 +230,8 @@ def offload_layers(
     `layers` defaults to the decoder layers of a Hugging Face model (PEFT models included); they
     should be listed in execution order (that is the prefetch order). Call it before apply(); or
     use apply(model, mode, layer_offloading=True), which does so. Raises when the frozen weights do
-    not fit in available host memory or in `host_budget_bytes`, leaving the model unchanged.
+    not fit in available host memory or in `host_budget_bytes` (or this rank's share of
+    `node_host_budget_bytes`, see node_budget.py), leaving the model unchanged.
     Returns a LayerOffloadHandle (stats(), offloaded_bytes, remove()).
     """
     blocks = list(layers) if layers is not None else find_blocks(model)
@@ -219,11 +246,13 @@ def offload_layers(
                 "offload_layers first (its weights must be on the device inside checkpointing and "
                 "activation hooks), or use apply(..., layer_offloading=True)"
             )
+    _refuse_sharded_parameters(blocks)
     names = {id(m): n for n, m in model.named_modules()}
     if manager is None:
         # prefetch_depth=0: the layer order, not the save order, says which weights come next.
         manager = OffloadManager(max_in_flight=max_in_flight, prefetch_depth=0,
-                                 host_budget_bytes=host_budget_bytes)
+                                 host_budget_bytes=host_budget_bytes,
+                                 node_host_budget_bytes=node_host_budget_bytes)
     handle = LayerOffloadHandle(model, manager)
     handle.layers = [_Layer(b, i, names.get(id(b), ""), handle) for i, b in enumerate(blocks)]
     weights = [w for layer in handle.layers for w in layer.weights]
@@ -247,9 +276,11 @@ def offload_layers(
         for w in weights:
             w.handle = offload_save(w.param.detach(), manager_id)
         manager.synchronize()
-    except Exception:
+    except Exception as error:
         for w in weights:
             w.handle = None  # the host copies are freed; the parameters were not touched
+        if isinstance(error, RuntimeError):
+            node_budget.name_in_error(error, manager_id)
         raise
     for layer in handle.layers:
         for w in layer.weights:

@@ -4,6 +4,7 @@ import threading
 import torch
 
 from . import _ops  # noqa: F401  (loads the library)
+from . import node_budget
 
 _default = None
 _default_lock = threading.Lock()
@@ -17,6 +18,7 @@ def OffloadManager(
     disk_dir: str = "",
     disk_only: bool = False,
     release_sources_on_save: bool = False,
+    node_host_budget_bytes: int = 0,
 ):
     """Creates a torch.classes.offload.OffloadManager.
 
@@ -28,11 +30,18 @@ def OffloadManager(
         mode); otherwise tensors that would exceed host_budget_bytes spill there.
     release_sources_on_save: each save releases the device sources of earlier saves in stream
         order (free when saves are a layer apart; used by torch_offload.compile).
+    node_host_budget_bytes: instead of host_budget_bytes, the host memory all ranks of this node
+        may hold together; this rank gets node_host_budget_bytes // LOCAL_WORLD_SIZE (node_budget.py).
     """
-    return torch.classes.offload.OffloadManager(
+    if node_host_budget_bytes:
+        host_budget_bytes = node_budget.rank_share(node_host_budget_bytes, host_budget_bytes)
+    manager = torch.classes.offload.OffloadManager(
         max_in_flight, prefetch_depth, host_budget_bytes, synchronous, str(disk_dir), disk_only,
         release_sources_on_save,
     )
+    if node_host_budget_bytes:
+        node_budget.register(manager, node_host_budget_bytes)
+    return manager
 
 
 def default_manager():

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, Selective
 from ._ops import offload_restore, offload_save
 from .activations import _compact, _Packed, _rebuild
 from .checkpoint import checkpoint as offload_checkpoint
-from .manager import OffloadManager, default_manager
+from .manager import default_manager
 from .policies import resolve
 
 _OFFLOAD = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
@@ -166,29 +166,3 @@ def checkpoint(function, *args, policy="attention", manager=None, min_bytes=DEFA
     manager = manager if manager is not None else default_manager()
     context_fn = functools.partial(selective_offload_contexts, policy, manager, min_bytes)
     return offload_checkpoint(function, *args, context_fn=context_fn, manager=manager, **kwargs)
-
-
-def apply_selective(model, blocks, manager=None, policy="attention", *, min_bytes=DEFAULT_MIN_BYTES,
-                    layers=None, **manager_options):
-    """Mode "selective": each block runs under selective checkpoint (its input offloaded, the op
-    outputs the policy names offloaded, the rest recomputed) while the model trains with grad
-    enabled. Returns an OffloadHandle; handle.remove() restores the blocks."""
-    from .apply import OffloadHandle  # apply.py will register this mode
-
-    resolve(policy, "torch_offload.apply_selective")  # fail now, not at the first forward
-    if manager is not None and manager_options:
-        raise ValueError("torch_offload.apply_selective: pass either manager or manager options, not both")
-    manager = manager if manager is not None else OffloadManager(**manager_options)
-    handle = OffloadHandle(model, "selective", manager, layers=layers)
-    for block in blocks:
-        handle._wrap(block, lambda b, forward: _selective_forward(b, forward, manager, policy, min_bytes))
-    return handle
-
-
-def _selective_forward(block, forward, manager, policy, min_bytes):
-    def forward_with_offload(*args, **kwargs):
-        if block.training and torch.is_grad_enabled():
-            return checkpoint(forward, *args, policy=policy, manager=manager, min_bytes=min_bytes, **kwargs)
-        return forward(*args, **kwargs)
-
-    return forward_with_offload

@@ -8,7 +8,8 @@ from ..manager import OffloadManager
 # Options that build the OffloadManager: not allowed together with a ready manager=.
 MANAGER_OPTIONS = tuple(inspect.signature(OffloadManager).parameters)
 # Options of offload_activations ("all", "sync", "disk" and "modules" modes).
-ACTIVATION_OPTIONS = ("min_bytes", "max_in_flight", "prefetch_depth", "host_budget_bytes", "disk_dir")
+ACTIVATION_OPTIONS = ("min_bytes", "max_in_flight", "prefetch_depth", "host_budget_bytes", "node_host_budget_bytes",
+                      "disk_dir")
 
 # Why an option a user may expect is not taken, or what they may have meant.
 _HINTS = {

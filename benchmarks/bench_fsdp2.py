@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""torch_offload under FSDP2 (fully_shard), one process per GPU, launched with torchrun.
+
+Model: DESIGN.md's reference Llama (or --shape llama3_8b), random init, bf16 on CUDA (fp32 on CPU),
+SDPA, batch 1 per rank, fully_shard on every decoder layer and the root (built on the meta device,
+sharded, then materialised: no rank ever holds the whole model). Variants:
+  ckpt       FSDP2 + torch gradient checkpointing (non-reentrant), the baseline
+  hs_before  apply(model, "hidden_states") before fully_shard
+  hs_after   apply(model, "hidden_states") after fully_shard
+  all        apply(model, "all") after fully_shard (only at --all-seqs: it moves every activation)
+Per rank: median step time, tokens/s, peak allocated / reserved GPU memory over the measured steps,
+bytes moved (manager stats). Per variant against ckpt: tokens/s ratio and peak memory freed over
+the checkpoint-boundary bytes L*S*h*elem of one rank.
+
+--longest: the longest sequence per rank that trains (one step, warm-up included) for ckpt and for
+--longest-ours on --longest-shape (default llama3_8b): doubling from --longest-start, then bisection
+in --longest-step steps; every try in a fresh model, OOM caught (all ranks agree on each outcome).
+Then both run timed at the longest length both fit.
+
+Rank 0 writes <out>/fsdp2_<gpu>x<N>.json and .md (rewritten after every run).
+GPU (2x H200): torchrun --nproc_per_node=2 benchmarks/bench_fsdp2.py --longest --out DIR
+CPU smoke:     torchrun --nproc_per_node=2 benchmarks/bench_fsdp2.py --device cpu --tiny --longest
+"""
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch_offload  # noqa: E402
+from benchmarks.common import (GB, LLAMA3_8B, REFERENCE, TINY, add_run_args, finish_run_args, log,  # noqa: E402
+                               new_result, release_memory, short_gpu_name, table, timed_steps)
+
+VARIANTS = ("ckpt", "hs_before", "hs_after", "all")
+SHAPES = {"reference": REFERENCE, "llama3_8b": LLAMA3_8B}
+
+
+def build_sharded(args, shape: dict, seq: int, variant: str):
+    """A fresh model under `variant`, fully_shard per decoder layer and root; returns (model, handle)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                         intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
+                         num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+                         max_position_embeddings=seq, attn_implementation="sdpa", use_cache=False)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(args.dtype)
+    try:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config).train()
+    finally:
+        torch.set_default_dtype(previous)
+    handle = None
+    if variant == "ckpt":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif variant == "hs_before":
+        handle = torch_offload.apply(model, "hidden_states")
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    model.to_empty(device=args.device)
+    with torch.no_grad():  # random init of each rank's shards; the rotary buffers rebuilt on device
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.to_local().fill_(1.0)
+            else:
+                p.to_local().normal_(0.0, 0.02)
+        with torch.device(args.device):
+            model.model.rotary_emb = type(model.model.rotary_emb)(config)
+    if variant == "hs_after":
+        handle = torch_offload.apply(model, "hidden_states")
+    elif variant == "all":
+        handle = torch_offload.apply(model, "all", min_bytes=0 if args.tiny else 1 << 20)
+    return model, handle
+
+
+def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> dict:
+    """One variant at one length on this rank: timings, memory, bytes moved; or {"error": "OOM"}."""
+    row = {"variant": variant, "seq": seq, "rank": dist.get_rank()}
+    model = handle = None
+    try:
+        model, handle = build_sharded(args, shape, seq, variant)
+        ids = torch.randint(0, shape["vocab"], (1, seq), device=args.device)
+
+        def step():
+            model(input_ids=ids, labels=ids).loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        for _ in range(warmup):
+            step()
+        if handle is not None:
+            handle.manager.synchronize()
+            handle.manager.reset_stats()
+        if args.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        row.update(timed_steps(step, steps, seq, args.device))
+        if handle is not None:
+            stats = handle.stats()
+            row["GB_to_host_per_step"] = stats["bytes_to_host"] / steps / GB
+            row["GB_to_device_per_step"] = stats["bytes_to_device"] / steps / GB
+            row["stats"] = stats
+    except torch.OutOfMemoryError:
+        row["error"] = "OOM"
+    finally:
+        if handle is not None:
+            handle.manager.empty_pool()
+        del model, handle
+        release_memory(args.device)
+    return row
+
+
+def agree(args, ok: bool) -> bool:
+    """True when `ok` holds on every rank: every rank takes the same path through the search."""
+    flag = torch.tensor([1 if ok else 0], device=args.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def gather(row: dict):
+    rows = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(row, rows, dst=0)
+    return rows
+
+
+def summarise(rows: list, shape: dict, elem_bytes: int) -> dict:
+    """One line for the table from every rank's row: the worst rank's memory and time."""
+    first = rows[0]
+    out = {"variant": first["variant"], "seq": first["seq"], "per_rank": rows}
+    errors = sorted({r["error"] for r in rows if "error" in r})
+    if errors:
+        out["error"] = ",".join(errors)
+        return out
+    for key in ("peak_allocated_GB", "peak_reserved_GB", "step_s", "GB_to_host_per_step"):
+        values = [r[key] for r in rows if key in r]
+        if values:
+            out[key] = max(values)
+    out["tokens_per_s_total"] = sum(r["seq"] for r in rows) / out["step_s"]
+    out["boundary_GB"] = shape["layers"] * first["seq"] * shape["hidden"] * elem_bytes / GB
+    return out
+
+
+def compare_with_ckpt(runs: list) -> None:
+    ckpt = {r["seq"]: r for r in runs if r["variant"] == "ckpt" and "error" not in r}
+    for r in runs:
+        base = ckpt.get(r["seq"])
+        if r["variant"] == "ckpt" or "error" in r or base is None:
+            continue
+        r["speed_vs_ckpt"] = r["tokens_per_s_total"] / base["tokens_per_s_total"]
+        if "peak_allocated_GB" in r:
+            r["freed_vs_ckpt_GB"] = base["peak_allocated_GB"] - r["peak_allocated_GB"]
+            r["freed_over_boundary"] = r["freed_vs_ckpt_GB"] / r["boundary_GB"]
+
+
+def longest_fitting(fits, start: int, step: int, cap: int) -> int:
+    """The longest length that fits: doubling from `start` while it fits (up to `cap`), then
+    bisection between the last fit and the first failure on multiples of `step`; 0 if none fits."""
+    fit, seq = 0, start
+    while seq <= cap and fits(seq):
+        fit, seq = seq, seq * 2
+    if seq > cap:
+        return fit  # every length tried up to the cap trained
+    fail = seq
+    while True:
+        middle = (fit + fail) // 2 // step * step
+        if middle <= fit:
+            return fit
+        if fits(middle):
+            fit = middle
+        else:
+            fail = middle
+
+
+def longest(args, shape: dict, variant: str, result: dict) -> int:
+    """The longest per-rank sequence that trains one step (warm-up included) under `variant`."""
+    def fits(seq):
+        if past_deadline(args):
+            raise TimeoutError(f"--deadline-s {args.deadline_s} reached in the longest search")
+        row = run(args, shape, seq, variant, warmup=0, steps=1)
+        ok = agree(args, "error" not in row)
+        rows = gather(row)
+        if rows is not None:
+            result["longest_tries"].append({"variant": variant, "seq": seq, "fits": ok,
+                                            "peaks_GB": [r.get("peak_allocated_GB") for r in rows]})
+            log(f"longest {variant}: {seq} {'fits' if ok else 'does not fit'}")
+        return ok
+
+    return longest_fitting(fits, args.longest_start, args.longest_step, args.longest_max)
+
+
+def past_deadline(args) -> bool:
+    """Whether --deadline-s has passed on any rank (all ranks then skip the same runs)."""
+    return args.deadline_s > 0 and not agree(args, time.monotonic() - args.start < args.deadline_s)
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# FSDP2, {result['world_size']} ranks on {result['gpu']}", "",
+             f"command: `{result['command']}`", "", "Per rank, worst rank shown; boundary = L*S*h*elem of one rank.", ""]
+    lines += table(result["runs"], [
+        ("step s", "step_s", "{:.3f}"), ("tok/s all ranks", "tokens_per_s_total", "{:.0f}"),
+        ("vs ckpt", "speed_vs_ckpt", "{:.3f}"), ("peak alloc GB", "peak_allocated_GB", "{:.2f}"),
+        ("peak reserved GB", "peak_reserved_GB", "{:.2f}"), ("freed vs ckpt GB", "freed_vs_ckpt_GB", "{:.2f}"),
+        ("freed / boundary", "freed_over_boundary", "{:.3f}"), ("to host GB/step", "GB_to_host_per_step", "{:.2f}")])
+    if result.get("longest"):
+        lines += ["", f"## Longest sequence per rank ({result['longest_shape']})", ""]
+        lines += [f"- {v}: {s}" for v, s in result["longest"].items()] + [""]
+        lines += table(result.get("longest_timed", []), [
+            ("step s", "step_s", "{:.3f}"), ("tok/s all ranks", "tokens_per_s_total", "{:.0f}"),
+            ("vs ckpt", "speed_vs_ckpt", "{:.3f}"), ("peak alloc GB", "peak_allocated_GB", "{:.2f}")])
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(p, seqs="16384,32768,65536", steps=3)
+    p.add_argument("--shape", default="reference", choices=sorted(SHAPES))
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--all-seqs", default="16384", help="lengths at which the all variant runs")
+    p.add_argument("--longest", action="store_true", help="run the longest-sequence search")
+    p.add_argument("--longest-shape", default="llama3_8b", choices=sorted(SHAPES))
+    p.add_argument("--longest-ours", default="hs_before", choices=VARIANTS[1:])
+    p.add_argument("--longest-start", type=int, default=32768)
+    p.add_argument("--longest-step", type=int, default=4096)
+    p.add_argument("--longest-max", type=int, default=262144)
+    p.add_argument("--timeout-s", type=int, default=900, help="collective timeout")
+    p.add_argument("--deadline-s", type=float, default=0.0,
+                   help="start no run after this many seconds (0: none); what was skipped is recorded")
+    args = finish_run_args(p.parse_args(), SHAPES[p.parse_args().shape])
+    if args.tiny:
+        args.all_seqs = ",".join(str(s) for s in args.seq_list)
+        args.longest_start, args.longest_step, args.longest_max = 64, 32, 256
+    args.start = time.monotonic()
+    args.dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    elem_bytes = torch.tensor([], dtype=args.dtype).element_size()
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.device == "cuda":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo",
+                            timeout=datetime.timedelta(seconds=args.timeout_s))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result = new_result(args, world_size=world, longest_tries=[])
+    out = Path(args.out)
+    stem = f"fsdp2_{short_gpu_name(args.device)}x{world}" + ("_tiny" if args.tiny else "")
+
+    def save():
+        if rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+            (out / f"{stem}.md").write_text(markdown(result))
+
+    all_seqs = {int(s) for s in args.all_seqs.split(",") if s}
+    for seq in args.seq_list:
+        for variant in args.variants.split(","):
+            if variant == "all" and seq not in all_seqs:
+                continue
+            if past_deadline(args):
+                result["skipped"] = result.get("skipped", []) + [f"{variant}@{seq}"]
+                continue
+            rows = gather(run(args, args.config, seq, variant, args.warmup, args.steps))
+            if rows is not None:
+                result["runs"].append(summarise(rows, args.config, elem_bytes))
+                compare_with_ckpt(result["runs"])
+                log(f"{seq} {variant}: " + json.dumps({k: v for k, v in result["runs"][-1].items() if k != "per_rank"}))
+                save()
+
+    if args.longest:
+        shape = TINY if args.tiny else SHAPES[args.longest_shape]
+        result["longest_shape"] = "tiny" if args.tiny else args.longest_shape
+        result["longest"], result["longest_timed"] = {}, []
+        try:
+            for variant in ("ckpt", args.longest_ours):
+                result["longest"][variant] = longest(args, shape, variant, result)
+        except TimeoutError as error:
+            result["skipped"] = result.get("skipped", []) + [str(error)]
+        both = min(result["longest"].values()) if len(result["longest"]) == 2 else 0
+        for variant in ("ckpt", args.longest_ours):
+            if both == 0 or past_deadline(args):
+                break
+            rows = gather(run(args, shape, both, variant, warmup=1, steps=2))
+            if rows is not None:
+                result["longest_timed"].append(summarise(rows, shape, elem_bytes))
+        compare_with_ckpt(result["longest_timed"])
+        save()
+    if rank == 0:
+        log(markdown(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

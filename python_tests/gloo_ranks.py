@@ -1,0 +1,78 @@
+"""single_rank_mesh(): a one-process gloo group and its CPU device mesh, in the test process.
+
+Runs a function in N CPU processes joined in a gloo process group (what torchrun would start),
+for tests of distributed training on machines without GPUs.
+
+run_ranks(fn, world_size) spawns the ranks; each calls fn(rank, world_size, *args) with the group
+initialised and returns a JSON-serialisable value; run_ranks returns rank 0's value. A rank that
+raises fails the call with its traceback; ranks still running after `timeout_s` are ended (a
+collective that one rank never reaches would otherwise hang the test run).
+"""
+import contextlib
+import datetime
+import json
+import os
+import socket
+import tempfile
+import time
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+@contextlib.contextmanager
+def single_rank_mesh():
+    """A one-process gloo group (unless one exists) and its CPU device mesh: enough for DTensors and
+    fully_shard in the test process itself."""
+    import pytest
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_available():
+        pytest.skip("torch built without distributed")
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank, world_size, port, result_path, timeout_s, fn, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        result = fn(rank, world_size, *args)
+        if rank == 0:
+            with open(result_path, "w") as f:
+                json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn, world_size: int = 2, *args, timeout_s: float = 120.0):
+    with tempfile.TemporaryDirectory() as tmp:
+        result_path = os.path.join(tmp, "rank0.json")
+        context = mp.start_processes(
+            _rank_main, args=(world_size, free_port(), result_path, timeout_s, fn, args),
+            nprocs=world_size, join=False, start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout_s
+        while not context.join(timeout=1.0):  # raises ProcessRaisedException when a rank fails
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    if process.is_alive():
+                        process.terminate()
+                raise TimeoutError(f"gloo ranks still running after {timeout_s} s")
+        with open(result_path) as f:
+            return json.load(f)

@@ -1,0 +1,73 @@
+"""FSDP2 (fully_shard) on 2 CPU processes over gloo: every torch_offload mode, applied before or
+after fully_shard, trains with losses and gradients bit-equal (fp32) to plain FSDP2 (with torch's
+gradient checkpointing for hidden_states); also with reshard_after_forward=False, nested FSDP
+units, FSDP2's CPUOffloadPolicy, and a bf16 MixedPrecisionPolicy (within bf16 tolerance).
+All cases run in one launch of the two ranks (python_tests/fsdp2_cases.py), which takes ~45 s."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+import fsdp2_cases
+from gloo_ranks import run_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without distributed")
+
+CASES = [f"{mode}-{order}{variant}" for mode in fsdp2_cases.MODES for order in fsdp2_cases.ORDERS
+         for variant in ("", "-no_reshard", "-nested")]
+CASES += [f"{mode}-after{variant}" for mode in fsdp2_cases.MODES for variant in ("-bf16", "-cpu_offload")]
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_ranks(fsdp2_cases.run_all, 2, CASES, timeout_s=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_mode_under_fsdp2_matches_plain_fsdp2(results, case):
+    assert results[case] == "ok", results[case]
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("bench_fsdp2", ROOT / "benchmarks" / "bench_fsdp2.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_longest_search_doubles_then_bisects_on_4k_steps():
+    longest_fitting = _bench_module().longest_fitting
+    tried = []
+
+    def fits(seq):
+        tried.append(seq)
+        return seq <= 77000
+
+    assert longest_fitting(fits, 32768, 4096, 262144) == 73728  # 18 * 4096
+    assert tried == [32768, 65536, 131072, 98304, 81920, 73728, 77824]
+    assert longest_fitting(lambda seq: False, 32768, 4096, 262144) == 0
+    assert longest_fitting(lambda seq: True, 32768, 4096, 262144) == 262144
+
+
+@pytest.mark.slow
+def test_bench_fsdp2_cpu_smoke(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(ROOT / "benchmarks" / "bench_fsdp2.py"), "--device", "cpu", "--tiny", "--seqs", "64",
+               "--warmup", "1", "--steps", "1", "--longest", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "fsdp2_cpux2_tiny.json").read_text())
+    assert [(r["variant"], r["seq"]) for r in result["runs"]] == [
+        ("ckpt", 64), ("hs_before", 64), ("hs_after", 64), ("all", 64)]
+    assert all("error" not in r and len(r["per_rank"]) == 2 for r in result["runs"])
+    assert all(r["GB_to_host_per_step"] > 0 for r in result["runs"][1:])
+    assert result["longest"] == {"ckpt": 256, "hs_before": 256}  # the cap: nothing runs out of memory on CPU
+    assert [r["variant"] for r in result["longest_timed"]] == ["ckpt", "hs_before"]
+    assert (tmp_path / "fsdp2_cpux2_tiny.md").exists()

@@ -1,0 +1,38 @@
+"""mode="selective": each block runs under torch_offload.selective_checkpoint: its input goes to
+host memory, the op outputs the policy offloads (default "attention": the fused attention outputs)
+are offloaded instead of recomputed, and the rest of the block is recomputed in backward."""
+import torch
+from torch import nn
+
+from ..handle import OffloadHandle, blocks_to_wrap
+from ..manager import OffloadManager
+from ..policies import resolve
+from ..selective import DEFAULT_MIN_BYTES
+from ..selective import checkpoint as selective_checkpoint
+from .options import MANAGER_OPTIONS, check_options
+
+
+def apply_selective(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
+    check_options("selective", options, manager, MANAGER_OPTIONS + ("policy", "min_bytes"))
+    options = dict(options)
+    policy = options.pop("policy", "attention")
+    min_bytes = options.pop("min_bytes", DEFAULT_MIN_BYTES)
+    resolve(policy, "torch_offload.apply(mode='selective')")  # fail now, not at the first forward
+    blocks = blocks_to_wrap(model, blocks)
+    manager = manager if manager is not None else OffloadManager(**options)
+    handle = OffloadHandle(model, "selective", manager)
+    for block in blocks:
+        handle.wrap(block, lambda b, forward: _selective_forward(b, forward, manager, policy, min_bytes))
+    handle.disable_hf_checkpointing()  # ours replaces it (twice would recompute twice)
+    handle.disable_kv_cache()
+    return handle
+
+
+def _selective_forward(block: nn.Module, forward, manager, policy, min_bytes):
+    def forward_with_offload(*args, **kwargs):
+        if block.training and torch.is_grad_enabled():
+            return selective_checkpoint(forward, *args, policy=policy, manager=manager, min_bytes=min_bytes,
+                                        **kwargs)
+        return forward(*args, **kwargs)
+
+    return forward_with_offload
