@@ -8,7 +8,7 @@ batch 1), forward+backward with labels=input_ids, at each sequence length in --s
   torch_sac   torch selective checkpointing keeping the fused SDPA outputs on the GPU
               (context_fn=create_selective_checkpoint_contexts(torch_offload.policies.attention_save))
   hidden      torch_offload.apply(model, mode="hidden_states")
-  selective   torch_offload.apply_selective(model, blocks, policy="attention"): each layer's input
+  selective   torch_offload.apply(model, "selective", policy="attention"): each layer's input
               and its SDPA outputs (attention output, logsumexp) offloaded, everything else recomputed
 
 Per run: median step time, tokens/s, peak allocated / reserved GPU memory, the manager's statistics;
@@ -52,7 +52,7 @@ def enable(model, variant):
     if variant == "hidden":
         return torch_offload.apply(model, mode="hidden_states").remove
     if variant == "selective":
-        return torch_offload.apply_selective(model, model.model.layers, policy="attention").remove
+        return torch_offload.apply(model, "selective", policy="attention").remove
     raise ValueError(f"bench_selective: unknown variant {variant!r}; expected one of {VARIANTS}")
 
 

@@ -14,6 +14,7 @@ import torch
 from . import policies
 from .compile_partitioner import COMPILE_MODES, OffloadPartitioner
 from .manager import OffloadManager
+from .modes.selective import SAVES_PER_BLOCK
 
 def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None,
             min_bytes: int = 1 << 20, blocks=None, backend: str = "inductor",
@@ -46,8 +47,11 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
     # Compiled graphs launch far ahead of the GPU: with saves a layer apart (hidden_states), earlier
     # sources are released in stream order at each save, or the allocator would still count them
     # at the forward's peak. In "all" mode saves are a few kernels apart and that wait would stall.
+    # Selective saves three values per block (input, attention output, logsumexp): restoring one
+    # must prefetch the previous block's three, or backward waits on each copy.
     if manager is None:
-        manager = OffloadManager(release_sources_on_save=mode != "all")
+        manager = OffloadManager(release_sources_on_save=mode != "all",
+                                 prefetch_depth=SAVES_PER_BLOCK if mode == "selective" else 1)
     partitioner = OffloadPartitioner(manager, mode, min_bytes)
     if mode != "all":
         _enable_checkpointing(model, blocks, policy_fn)

@@ -11,6 +11,10 @@ from ..selective import DEFAULT_MIN_BYTES
 from ..selective import checkpoint as selective_checkpoint
 from .options import MANAGER_OPTIONS, check_options
 
+# A block under the "attention" policy saves three tensors (its input, the attention output, the
+# logsumexp); prefetching that many keeps the backward from waiting on each copy.
+SAVES_PER_BLOCK = 3
+
 
 def apply_selective(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
     check_options("selective", options, manager, MANAGER_OPTIONS + ("policy", "min_bytes"))
@@ -19,6 +23,7 @@ def apply_selective(model: nn.Module, blocks, manager, options: dict) -> Offload
     min_bytes = options.pop("min_bytes", DEFAULT_MIN_BYTES)
     resolve(policy, "torch_offload.apply(mode='selective')")  # fail now, not at the first forward
     blocks = blocks_to_wrap(model, blocks)
+    options.setdefault("prefetch_depth", SAVES_PER_BLOCK)
     manager = manager if manager is not None else OffloadManager(**options)
     handle = OffloadHandle(model, "selective", manager)
     for block in blocks:
