@@ -10,7 +10,7 @@ from .blocks import find_blocks
 from .checkpoint import checkpoint
 from .compile import OffloadPartitioner, compile
 from .layers import LayerOffloadHandle, offload_layers
-from .manager import OffloadManager, default_manager, stats
+from .manager import OffloadManager, default_manager, reset_stats, stats
 from .modules import ModuleOffloadHandle, offload_modules, select_modules
 
 library_path = load_library()
@@ -32,6 +32,7 @@ __all__ = [
     "offload_modules",
     "offload_restore",
     "offload_save",
+    "reset_stats",
     "select_modules",
     "stats",
 ]
