@@ -283,6 +283,8 @@ def test_llama_gradients_match_plain_training_and_each_region_is_copied_once(dev
     torch_offload.reset_stats(handle.manager)
     _steps_match_plain(ours, plain, device, shape=(2, 40))
     stats = torch_offload.stats(handle.manager)
+    if mode == "modules":
+        assert handle.modules.stats() == stats
     assert stats["shared_saves"] > 0 and stats["saves"] == stats["restores"]
     assert stats["bytes_to_host"] == stats["distinct_bytes_saved"] < stats["saved_bytes"]
     assert stats["live_handles"] == 0 and stats["host_bytes_in_use"] == 0
