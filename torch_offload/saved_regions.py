@@ -63,36 +63,36 @@ def rebuild_layout(restored: torch.Tensor, permutation, expanded_sizes) -> torch
     return restored
 
 
-def _element_runs(t: torch.Tensor) -> torch.Tensor:
-    """The byte intervals of storage that t's elements occupy, as an (n, 2) int64 tensor of
-    [start, end), sorted and merged. One interval for a dense view (any permutation)."""
+def _element_runs(t: torch.Tensor) -> list:
+    """The byte intervals [start, end) of storage that t's elements occupy, sorted and merged.
+    One interval for a dense view (any permutation); one per row of a sliced view."""
     es = t.element_size()
     dims = sorted(((s * es, n) for n, s in zip(t.shape, t.stride()) if n > 1 and s != 0))
     run = es
     while dims and dims[0][0] == run:
         run *= dims.pop(0)[1]
-    starts = torch.tensor([t.storage_offset() * es], dtype=torch.int64)
+    start = t.storage_offset() * es
+    if not dims:
+        return [(start, start + run)]
+    starts = torch.tensor([start], dtype=torch.int64)
     for stride, n in dims:
         starts = (starts[:, None] + torch.arange(n, dtype=torch.int64) * stride).flatten()
-    return _merged(torch.stack([starts, starts + run], dim=1))
+    return _merged([(s, s + run) for s in starts.tolist()])
 
 
-def _merged(intervals: torch.Tensor) -> torch.Tensor:
-    if intervals.shape[0] <= 1:
-        return intervals
-    intervals = intervals[intervals[:, 0].argsort()]
-    ends = intervals[:, 1].cummax(0).values
-    new_group = torch.ones(intervals.shape[0], dtype=torch.bool)
-    new_group[1:] = intervals[1:, 0] > ends[:-1]
-    group = new_group.cumsum(0) - 1
-    count = int(group[-1]) + 1
-    starts = intervals[new_group, 0]
-    group_ends = torch.full((count,), -1, dtype=torch.int64).scatter_reduce(0, group, ends, "amax")
-    return torch.stack([starts, group_ends], dim=1)
+def _merged(intervals: list) -> list:
+    merged = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
 
 
-def _total(intervals: torch.Tensor) -> int:
-    return int((intervals[:, 1] - intervals[:, 0]).sum()) if intervals.shape[0] else 0
+def _total(intervals: list) -> int:
+    return sum(end - start for start, end in intervals)
 
 
 class SaveCounters:
@@ -202,7 +202,7 @@ class _StorageEntry:
         self.storage_ref = storage_ref  # pins the StorageImpl's address while the entry lives
         self.nbytes = nbytes
         self.copies = []  # weakrefs to RegionCopy
-        self.covered = torch.empty(0, 2, dtype=torch.int64)
+        self.covered = []  # merged byte intervals of the elements saved so far
 
 
 class SavedRegions:
@@ -241,7 +241,7 @@ class SavedRegions:
             if not any(ref() is region for ref in entry.copies):
                 entry.copies.append(weakref.ref(region, self._evict_callback(storage_ref.cdata)))
             before = _total(entry.covered)
-            entry.covered = _merged(torch.cat([entry.covered, _element_runs(t)]))
+            entry.covered = _merged(entry.covered + _element_runs(t))
             distinct = _total(entry.covered) - before
         self._counters.add(offloaded_saves=1, shared_saves=int(reused),
                            saved_bytes=t.numel() * es, distinct_bytes_saved=distinct)
