@@ -8,6 +8,9 @@ One process, one random-init LlamaForCausalLM (reference config of DESIGN.md, bf
      memory, bytes moved each way per step, transfer bound = bytes_d2h/bw_d2h + bytes_h2d/bw_h2d
      (forward only offloads, backward only restores, so the two phases add); target for `all`:
      step <= 1.15 x max(step without offloading, transfer bound), reserved <= allocated + 1 GB;
+     per step: distinct bytes saved (storage elements the offloaded saves address), bytes copied,
+     their ratio (target <= 1.05: each saved region copied once), bytes kept on the device,
+     compute-stream wait;
   3. gradients in bf16 with SDPA at --noise-seq: plain training run twice gives the noise floor
      (relative L2 error of all parameter gradients); each mode's error against plain must be within it;
   4. a soak of --soak-steps steps in `all` mode: GPU allocated/reserved and pinned host memory after
@@ -84,17 +87,16 @@ def run_variant(model, variant, seq, args):
         sync(args.device)
         if handle is not None:
             handle.manager.synchronize()
-            handle.manager.reset_stats()
+            torch_offload.reset_stats(handle.manager)
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         row = {"variant": variant, "seq": seq,
                **timed_steps(lambda: step(model, ids, ctx), args.steps, seq, args.device)}
         if handle is not None:
             handle.manager.synchronize()
-            stats = handle.stats()
+            stats = torch_offload.stats(handle.manager)  # engine + hooks' counters
             row["stats"] = stats
-            row["d2h_GB_per_step"] = stats["bytes_to_host"] / args.steps / GB
-            row["h2d_GB_per_step"] = stats["bytes_to_device"] / args.steps / GB
+            row.update(per_step_bytes(stats, args.steps))
         return row
     except torch.cuda.OutOfMemoryError:
         return {"variant": variant, "seq": seq, "error": "OOM"}
@@ -103,6 +105,20 @@ def run_variant(model, variant, seq, args):
             handle.manager.empty_pool()
             handle.remove()
         release_memory(args.device)
+
+
+def per_step_bytes(stats, steps):
+    """Bytes per step from the merged stats, and copied / distinct (1.0: each region copied once)."""
+    row = {"d2h_GB_per_step": stats["bytes_to_host"] / steps / GB,
+           "h2d_GB_per_step": stats["bytes_to_device"] / steps / GB,
+           "distinct_GB_per_step": stats["distinct_bytes_saved"] / steps / GB,
+           "saved_GB_per_step": stats["saved_bytes"] / steps / GB,
+           "kept_GB_per_step": stats["kept_bytes"] / steps / GB,
+           "compute_wait_ms_per_step": stats["compute_wait_ms"] / steps}
+    if stats["distinct_bytes_saved"]:
+        row["copied_over_distinct"] = stats["bytes_to_host"] / stats["distinct_bytes_saved"]
+        row["copied_within_target"] = row["copied_over_distinct"] <= 1.05
+    return row
 
 
 def flat_grads(model):
@@ -171,7 +187,9 @@ def markdown(result):
     lines += table(result["runs"], [
         ("step s", "step_s", "{:.3f}"), ("tok/s", "tokens_per_s", "{:.0f}"),
         ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
-        ("D2H GB/step", "d2h_GB_per_step", "{:.2f}"), ("H2D GB/step", "h2d_GB_per_step", "{:.2f}"),
+        ("distinct saved GB/step", "distinct_GB_per_step", "{:.2f}"), ("D2H GB/step", "d2h_GB_per_step", "{:.2f}"),
+        ("H2D GB/step", "h2d_GB_per_step", "{:.2f}"), ("D2H / distinct (<= 1.05)", "copied_over_distinct", "{:.3f}"),
+        ("kept GB/step", "kept_GB_per_step", "{:.2f}"), ("compute wait ms/step", "compute_wait_ms_per_step", "{:.0f}"),
         ("transfer bound s", "transfer_bound_s", "{:.3f}"), ("step / max(none, bound)", "ratio_to_bound", "{:.2f}")])
     n = result.get("noise")
     if n:

@@ -49,7 +49,9 @@ def test_saved_views_keep_their_layout(device):
     for r, o in zip(ref_args, our_args):
         assert torch.equal(r.grad, o.grad)
     stats = hooks.stats()
-    assert stats["saves"] == stats["restores"] >= 5
+    # 8 saves of three storages (a and its views, b, c's expansion): one copy each, restored once.
+    assert stats["offloaded_saves"] == 8 and stats["shared_saves"] == 5
+    assert stats["saves"] == stats["restores"] == 3
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -198,7 +200,7 @@ def test_full_disk_is_a_clear_error_and_loses_nothing(tmp_path):
         y = h.sin()  # saves h: its write fails, the data stays in host memory
         hooks.manager.synchronize()
         with pytest.raises(RuntimeError, match="disk tier failed: .*No space left on device"):
-            h.cos()  # the next save reports the failure
+            (h + 1).cos()  # the next save (of a new tensor: h is already saved) reports it
     hooks.manager._simulate_full_disk(False)
     y.sum().backward()  # the tensor saved before the failure still restores correctly
     assert torch.equal(a.grad, 2 * (a.detach() * 2).cos())

@@ -11,7 +11,7 @@ from .checkpoint import checkpoint
 from .compile import OffloadPartitioner, compile
 from .empty_steps import NothingOffloadedWarning
 from .layers import LayerOffloadHandle, offload_layers
-from .manager import OffloadManager, default_manager, stats
+from .manager import OffloadManager, default_manager, reset_stats, stats
 from .modules import ModuleOffloadHandle, offload_modules, select_modules
 from .node_budget import gather_stats
 from .selective import selective_offload_contexts
@@ -48,6 +48,7 @@ __all__ = [
     "offload_modules",
     "offload_restore",
     "offload_save",
+    "reset_stats",
     "select_modules",
     "selective_checkpoint",
     "selective_offload_contexts",

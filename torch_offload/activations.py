@@ -8,6 +8,8 @@ staging buffer to a file in `disk_dir`, written and read back (ahead of need) by
 are removed as soon as autograd releases them, and in any case when the manager goes away.
 In "all" mode, a `disk_dir` together with `host_budget_bytes` makes tensors that would exceed the
 budget spill to disk instead of failing.
+In every mode a storage region saved several times (a linear's input for q/k/v, a tensor and its
+transpose) is copied once and restored once per backward (saved_regions.py).
 """
 import os
 import tempfile
@@ -24,7 +26,10 @@ except ImportError:  # torch built without distributed
     DTensor = None
 from . import node_budget, weight_tokens
 from .empty_steps import StepCounts
-from .manager import OffloadManager
+from .manager import OffloadManager, register_stats_source
+from .manager import reset_stats as manager_reset_stats
+from .manager import stats as manager_stats
+from .saved_regions import SavedRegions, SaveCounters, SharedSave, compact_layout, rebuild_layout
 
 MODE_ALIASES = {"all": "all", "true": "all", "sync": "sync", "legacy": "sync", "disk": "disk"}
 DEFAULT_DISK_DIR = os.path.join(tempfile.gettempdir(), "torch_offload")
@@ -56,35 +61,12 @@ class _Packed:
 
 
 def _compact(t: torch.Tensor):
-    """A contiguous tensor holding exactly t's data, and how to get t's layout back.
-
-    Broadcast (stride-0) dimensions are narrowed to one element so they are copied once; a dense
-    permuted layout (a transpose) is saved through the permutation that makes it contiguous, so the
-    restored tensor has the original strides. Anything else is copied contiguous."""
-    expanded_sizes = None
-    if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
-        expanded_sizes = tuple(t.shape)
-        for dim, (s, n) in enumerate(zip(t.stride(), t.shape)):
-            if s == 0 and n > 1:
-                t = t.narrow(dim, 0, 1)
-    permutation = None
-    if not t.is_contiguous():
-        order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))
-        candidate = t.permute(order)
-        if candidate.is_contiguous():
-            t, permutation = candidate, order
-    return t, permutation, expanded_sizes
+    """A contiguous tensor holding exactly t's data, and how to get t's layout back."""
+    return compact_layout(t)
 
 
 def _rebuild(restored: torch.Tensor, packed: _Packed) -> torch.Tensor:
-    if packed.permutation is not None:
-        inverse = [0] * len(packed.permutation)
-        for position, dim in enumerate(packed.permutation):
-            inverse[dim] = position
-        restored = restored.permute(inverse)
-    if packed.expanded_sizes is not None:
-        restored = restored.expand(packed.expanded_sizes)
-    return restored
+    return rebuild_layout(restored, packed.permutation, packed.expanded_sizes)
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -175,15 +157,29 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         # Storages that stay resident whatever views of them autograd saves (model weights, buffers).
         kept = kept_storages(keep)
 
-        def pack(t: torch.Tensor):
-            token = weight_tokens.pack(t)
-            if token is not None:  # a frozen weight of an offloaded layer: fetched again in backward
-                return token
+        # Saves of one storage region share one copy (saved_regions.py); counters for stats().
+        self.counters = SaveCounters()
+        self.regions = regions = SavedRegions(manager_id, self.counters)
+        register_stats_source(manager, self.counters)
+        counters = self.counters
+
+        def offload(t: torch.Tensor):
+            if on_offload is not None:
+                on_offload(t)
+            if SavedRegions.handles(t):
+                return regions.pack(t)
+            # Tensor subclasses and empty tensors: one copy per save.
+            source, permutation, expanded_sizes = _compact(t.detach())
+            nbytes = t.numel() * t.element_size()
+            counters.add(offloaded_saves=1, saved_bytes=nbytes, distinct_bytes_saved=nbytes)
+            return _Packed(offload_save(source, manager_id), t.device, permutation, expanded_sizes)
+
+        def pack_local(t: torch.Tensor):
+            """Packed object for an offloaded tensor, or t itself where it stays on the device."""
             if _is_dtensor(t):
                 if _is_weight(t):
                     return t
-                local = t.to_local()
-                packed = pack(local)
+                packed = pack_local(t.to_local())
                 if isinstance(packed, torch.Tensor):
                     return t  # the shard stays (small, or a weight)
                 packed.dtensor_spec = (t.device_mesh, t.placements, t.shape, t.stride())
@@ -203,22 +199,32 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
                 counts.largest_under_min_bytes = max(counts.largest_under_min_bytes, nbytes)
                 return t
             counts.offloaded += 1
-            source, permutation, expanded_sizes = _compact(t.detach())
-            if on_offload is not None:
-                on_offload(t)
             try:
-                handle = offload_save(source, manager_id)
+                return offload(t)
             except RuntimeError as error:
                 node_budget.name_in_error(error, manager_id)
                 raise
-            return _Packed(handle, t.device, permutation, expanded_sizes)
+
+        def pack(t: torch.Tensor):
+            token = weight_tokens.pack(t)
+            if token is not None:  # a frozen weight of an offloaded layer: fetched again in backward
+                return token
+            packed = pack_local(t)
+            counters.add(saved_tensors=1)
+            if isinstance(packed, torch.Tensor):
+                local = t.to_local() if _is_dtensor(t) else t
+                counters.add(kept_saves=1, kept_bytes=local.numel() * local.element_size())
+            return packed
 
         def unpack(packed):
             if isinstance(packed, torch.Tensor):
                 return packed
             if isinstance(packed, weight_tokens.WeightToken):
                 return packed.unpack()
-            restored = _rebuild(offload_restore(packed.handle, packed.device, manager_id), packed)
+            if isinstance(packed, SharedSave):
+                restored = packed.unpack(manager_id)
+            else:
+                restored = _rebuild(offload_restore(packed.handle, packed.device, manager_id), packed)
             if packed.dtensor_spec is not None:
                 mesh, placements, shape, stride = packed.dtensor_spec
                 restored = DTensor.from_local(restored, mesh, placements, run_check=False,
@@ -239,4 +245,9 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
             self.counts.warn_if_nothing_offloaded(self._counts_on_enter, self.min_bytes)
 
     def stats(self) -> dict:
-        return dict(self.manager.stats())
+        """The manager's statistics (copies, bytes each way, waits) and, merged in, the hooks'
+        counters of every hook set on that manager (see manager.stats)."""
+        return manager_stats(self.manager)
+
+    def reset_stats(self) -> None:
+        manager_reset_stats(self.manager)

@@ -22,8 +22,11 @@ class OffloadHandle:
         self._undo: List[Callable[[], None]] = []  # puts back model state apply() changed
 
     def stats(self) -> dict:
-        """Statistics of the activation manager (layer offloading: `layers.stats()`)."""
-        return dict(self.manager.stats()) if self.manager is not None else {}
+        """Statistics of the activation manager merged with its saved-tensor hooks' counters
+        (torch_offload.stats(manager)); layer offloading: `layers.stats()`."""
+        from .manager import stats
+
+        return stats(self.manager) if self.manager is not None else {}
 
     def report(self) -> dict:
         """modules mode: bytes the last forward offloaded and freed (see offload_modules)."""

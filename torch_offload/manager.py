@@ -1,5 +1,7 @@
-"""OffloadManager construction and the process-wide default manager."""
+"""OffloadManager construction, the process-wide default manager, and statistics: the manager's
+own (C++) counters merged with those of the Python hooks that use it."""
 import threading
+import weakref
 
 import torch
 
@@ -8,6 +10,8 @@ from . import node_budget
 
 _default = None
 _default_lock = threading.Lock()
+_stats_sources = {}  # manager id -> WeakSet of objects with snapshot() -> dict and reset()
+_stats_lock = threading.Lock()
 
 
 def OffloadManager(
@@ -53,6 +57,33 @@ def default_manager():
         return _default
 
 
+def register_stats_source(manager, source) -> None:
+    """Adds `source`'s counters (snapshot() -> dict, reset()) to stats(manager) while it lives."""
+    with _stats_lock:
+        _stats_sources.setdefault(manager.id(), weakref.WeakSet()).add(source)
+
+
+def _sources(manager) -> list:
+    with _stats_lock:
+        return list(_stats_sources.get(manager.id(), ()))
+
+
 def stats(manager=None) -> dict:
-    """Statistics of `manager` (default: the default manager) as a plain dict."""
-    return dict((manager if manager is not None else default_manager()).stats())
+    """Statistics of `manager` (default: the default manager) as a plain dict: the engine's
+    counters (saves, bytes_to_host, bytes_to_device, compute_wait_ms, ...) and, summed over the
+    hooks using it, the Python counters (saved_tensors, shared_saves, distinct_bytes_saved,
+    kept_bytes, ...; see README "Statistics")."""
+    manager = manager if manager is not None else default_manager()
+    merged = dict(manager.stats())
+    for source in _sources(manager):
+        for name, value in source.snapshot().items():
+            merged[name] = merged.get(name, 0) + value
+    return merged
+
+
+def reset_stats(manager=None) -> None:
+    """Resets the engine's counters and the Python counters of the hooks using `manager`."""
+    manager = manager if manager is not None else default_manager()
+    manager.reset_stats()
+    for source in _sources(manager):
+        source.reset()

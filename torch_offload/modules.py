@@ -20,6 +20,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from .activations import offload_activations, resident_tensors
 from .empty_steps import watch_model_steps
 from .hook_scopes import HookScopes
+from .manager import stats as manager_stats
 
 Target = Union[str, type]
 
@@ -54,13 +55,14 @@ class ModuleOffloadHandle:
         self.hooks = offload_activations("all", keep=resident_tensors(model), on_offload=self._record,
                                          warn_on_exit=False, **hooks_options)
         self.manager = self.hooks.manager
-        self._offloaded = {}  # storage data_ptr -> (weak ref to the storage, bytes), last forward
+        self._offloaded = {}  # StorageImpl address (pinned by the weak ref) -> (weak ref, bytes)
         self._lock = threading.Lock()
         self._scopes = HookScopes()
         self._hook_handles = []
 
     def stats(self) -> dict:
-        return dict(self.manager.stats())
+        """The manager's statistics merged with the hooks' counters (see torch_offload.stats)."""
+        return manager_stats(self.manager)
 
     def report(self) -> dict:
         """For the last forward: bytes offloaded (distinct storages) and bytes of those the device
@@ -79,9 +81,10 @@ class ModuleOffloadHandle:
 
     def _record(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
+        ref = StorageWeakRef(storage)
         with self._lock:
-            if storage.data_ptr() not in self._offloaded:
-                self._offloaded[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
+            if ref.cdata not in self._offloaded:
+                self._offloaded[ref.cdata] = (ref, storage.nbytes())
 
     def _new_forward(self, module, args):
         if torch.is_grad_enabled():
