@@ -302,3 +302,29 @@ def test_stats_report_kept_bytes():
     hooks.reset_stats()
     assert hooks.stats()["kept_saves"] == 0 and hooks.stats()["saves"] == 0
     y.sum().backward()
+
+
+def test_restored_copy_is_dropped_after_its_last_save_is_unpacked():
+    # Backward frees each activation after its last use; a shared restore must not hold every
+    # layer's device copy until backward ends (measured: 34 GB held at 16k on the reference model).
+    torch.manual_seed(0)
+    layers = [nn.Linear(32, 32) for _ in range(4)]
+    x = torch.randn(8, 32, requires_grad=True)
+    held = []
+    with torch_offload.offload_activations("all", min_bytes=0) as hooks:
+        h = x
+        inputs = []
+        for layer in layers:
+            inputs.append(h)
+            h = torch.tanh(layer(h)) * h  # h is saved twice (by the linear and by the mul)
+        loss = h.sum()
+
+    def copies_holding_a_restore():
+        return sum(1 for entry in hooks.regions._storages.values() for ref in entry.copies
+                   if ref() is not None and ref()._restored is not None)
+
+    # Fires once backward reaches the first layer's output: every later layer is done by then.
+    inputs[1].register_hook(lambda g: held.append(copies_holding_a_restore()))
+    loss.backward()
+    assert held == [0], f"{held[0]} restored copies still held mid-backward"
+    assert hooks.stats()["restores"] == hooks.stats()["saves"]

@@ -123,8 +123,8 @@ class RegionCopy:
     """One host copy of a storage region: a byte range [lo, hi) of the storage (`compact` None),
     or one sparse view compacted (`compact` = (layout key, permutation, expanded sizes))."""
 
-    __slots__ = ("handle", "device", "lo", "hi", "version", "root_ref", "compact", "_restored",
-                 "_restored_task", "_lock", "__weakref__")
+    __slots__ = ("handle", "device", "lo", "hi", "version", "root_ref", "compact", "saves", "_restored",
+                 "_restored_task", "_unpacked", "_lock", "__weakref__")
 
     def __init__(self, handle, device, lo, hi, version, root, compact=None):
         self.handle = handle
@@ -133,8 +133,10 @@ class RegionCopy:
         self.version = version
         self.root_ref = weakref.ref(root)
         self.compact = compact
+        self.saves = 0  # SharedSaves made from this copy
         self._restored = None  # the device copy, shared by this backward's unpacks
         self._restored_task = -1
+        self._unpacked = 0  # unpacks served in _restored_task
         self._lock = threading.Lock()
 
     def serves(self, root, version, lo, hi, layout_key) -> bool:
@@ -146,21 +148,29 @@ class RegionCopy:
 
     def restore(self, manager_id: int) -> torch.Tensor:
         """The device copy. Restored once per backward (the engine checks the version counter
-        then); later unpacks in the same backward reuse it, after the same check."""
+        then); later unpacks in the same backward reuse it, after the same check. The cache holds
+        the device copy only until every save made from this copy has been unpacked: backward
+        frees each activation after its last use, and so must we."""
         task = torch._C._current_graph_task_id()
         with self._lock:
             if self._restored is not None and task != -1 and task == self._restored_task:
                 self._check_unmodified()
-                return self._restored
-            restored = offload_restore(self.handle, self.device, manager_id)
-            if task != -1:  # inside backward: keep it for the other saves until backward ends
-                self._restored, self._restored_task = restored, task
-                torch.autograd.Variable._execution_engine.queue_callback(self._forget)
+                restored = self._restored
+                self._unpacked += 1
+            else:
+                restored = offload_restore(self.handle, self.device, manager_id)
+                if task == -1:
+                    return restored
+                if self._restored_task != task:  # first unpack of this backward
+                    torch.autograd.Variable._execution_engine.queue_callback(self._forget)
+                self._restored, self._restored_task, self._unpacked = restored, task, 1
+            if self._unpacked >= self.saves:  # the last save of this copy: hold nothing more
+                self._restored = None
             return restored
 
     def _forget(self) -> None:
         with self._lock:
-            self._restored, self._restored_task = None, -1
+            self._restored, self._restored_task, self._unpacked = None, -1, 0
 
     def _check_unmodified(self) -> None:
         root = self.root_ref()
@@ -240,6 +250,7 @@ class SavedRegions:
                 entry = self._storages[storage_ref.cdata] = _StorageEntry(storage_ref, storage.nbytes())
             if not any(ref() is region for ref in entry.copies):
                 entry.copies.append(weakref.ref(region, self._evict_callback(storage_ref.cdata)))
+            region.saves += 1
             before = _total(entry.covered)
             entry.covered = _merged(entry.covered + _element_runs(t))
             distinct = _total(entry.covered) - before
