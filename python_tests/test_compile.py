@@ -37,6 +37,17 @@ def _grads(model, ids, device):
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
 
+def _two_steps_bit_equal(eager, compiled, device):
+    """Two training steps of each: losses and gradients equal bit for bit, no graph break."""
+    ids = torch.randint(0, 256, (2, 32), device=device)
+    for _ in range(2):
+        loss_e, grads_e = _grads(eager, ids, device)
+        loss_c, grads_c = _grads(compiled, ids, device)
+        assert torch.equal(loss_e, loss_c)
+        assert all(torch.equal(a, b) for a, b in zip(grads_e, grads_c))
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
 def _targets(gm):
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
 
@@ -61,13 +72,7 @@ def test_compiled_matches_eager_bit_for_bit(device, mode):
     eager.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     compiled = torch_offload.compile(copy.deepcopy(base), mode, min_bytes=BOUNDARY_BYTES,
                                      fullgraph=True, backend="aot_eager")
-    ids = torch.randint(0, 256, (2, 32), device=device)
-    for _ in range(2):
-        loss_e, grads_e = _grads(eager, ids, device)
-        loss_c, grads_c = _grads(compiled, ids, device)
-        assert torch.equal(loss_e, loss_c)
-        assert all(torch.equal(a, b) for a, b in zip(grads_e, grads_c))
-    assert not torch._dynamo.utils.counters["graph_break"]
+    _two_steps_bit_equal(eager, compiled, device)
     partitioner = compiled.offload_partitioner
     # hidden_states: the 3 layer inputs (the first is the embedding output) and nothing else.
     _check_graphs(partitioner, expect_boundaries=3 if mode == "hidden_states" else None)
@@ -160,13 +165,7 @@ def test_selective_offloads_attention_outputs_bit_for_bit(device):
         "context_fn": functools.partial(create_selective_checkpoint_contexts, torch_offload.policies.attention_save)})
     compiled = torch_offload.compile(copy.deepcopy(base), "selective", min_bytes=BOUNDARY_BYTES,
                                      fullgraph=True, backend="aot_eager")
-    ids = torch.randint(0, 256, (2, 32), device=device)
-    for _ in range(2):
-        loss_e, grads_e = _grads(eager, ids, device)
-        loss_c, grads_c = _grads(compiled, ids, device)
-        assert torch.equal(loss_e, loss_c)
-        assert all(torch.equal(a, b) for a, b in zip(grads_e, grads_c))
-    assert not torch._dynamo.utils.counters["graph_break"]
+    _two_steps_bit_equal(eager, compiled, device)
     partitioner = compiled.offload_partitioner
     _check_graphs(partitioner)
     offloaded = partitioner.offloaded[0]
