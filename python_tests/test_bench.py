@@ -12,12 +12,18 @@ from torch_offload.bench.__main__ import main
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_bench_cli_smoke(tmp_path, capsys):
+def test_bench_cli_smoke(tmp_path):
+    # As a user runs it, in its own process: the profiler it starts for --trace leaves process-wide
+    # state behind that changed a later compile test's fresh-vs-cached gradients.
     out = tmp_path / "bench.json"
-    result = main(["--model", "tiny", "--device", "cpu", "--seqs", "32", "--warmup", "0", "--steps", "1",
-                   "--modes", "none,checkpointing,hidden_states,all", "--min-bytes", "0",
-                   "--json", str(out), "--trace", str(tmp_path / "traces"), "--no-progress"])
-    printed = capsys.readouterr().out
+    run = subprocess.run(
+        [sys.executable, "-m", "torch_offload.bench", "--model", "tiny", "--device", "cpu", "--seqs", "32",
+         "--warmup", "0", "--steps", "1", "--modes", "none,checkpointing,hidden_states,all", "--min-bytes", "0",
+         "--json", str(out), "--trace", str(tmp_path / "traces"), "--no-progress"],
+        capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    printed = run.stdout
+    result = json.loads(out.read_text())
     assert "| seq | variant | tokens/s | x checkpointing |" in printed
     runs = {r["variant"]: r for r in json.loads(out.read_text())["runs"]}
     assert set(runs) == {"none", "checkpointing", "hidden_states", "all"}
