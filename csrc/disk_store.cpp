@@ -8,6 +8,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
+
+#include "fault_injection.h"
 
 namespace torch_offload {
 namespace {
@@ -79,16 +82,31 @@ DiskStore::DiskStore(const std::string& directory, int io_threads)
   ::unlink(probe.c_str());
   TORCH_CHECK(error.empty(), "torch_offload: disk_dir ", directory_, " is not writable: ", error);
   TORCH_CHECK(io_threads >= 1, "torch_offload: need at least one IO thread");
-  for (int i = 0; i < io_threads; ++i) threads_.emplace_back([this] { run(); });
+  try {
+    for (int i = 0; i < io_threads; ++i) {
+      if (fault_injected(FaultSite::kIoThreadStart)) {
+        throw std::system_error(EAGAIN, std::generic_category(), "injected by a test");
+      }
+      threads_.emplace_back([this] { run(); });
+    }
+  } catch (const std::exception& e) {
+    stop_threads();  // a joinable std::thread must not be destroyed
+    TORCH_CHECK(false, "torch_offload: cannot start the disk tier's IO thread ",
+                threads_.size() + 1, " of ", io_threads, ": ", e.what());
+  }
 }
 
-DiskStore::~DiskStore() {
+void DiskStore::stop_threads() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   work_ready_.notify_all();
   for (auto& t : threads_) t.join();
+}
+
+DiskStore::~DiskStore() {
+  stop_threads();
   for (int64_t id : files_) ::unlink(path_of(id).c_str());
 }
 
@@ -140,6 +158,15 @@ void DiskStore::read_async(int64_t id, void* data, size_t size, Done done) {
     });
   }
   work_ready_.notify_one();
+}
+
+std::string DiskStore::read(int64_t id, void* data, size_t size) {
+  std::string error = read_file(path_of(id), data, size);
+  if (error.empty()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    bytes_read_ += static_cast<int64_t>(size);
+  }
+  return error;
 }
 
 void DiskStore::remove(int64_t id) {

@@ -32,6 +32,9 @@ class DiskStore {
                    Done done);
   // Reads `size` bytes of file `id` into `data`.
   void read_async(int64_t id, void* data, size_t size, Done done);
+  // Reads `size` bytes of file `id` into `data` on the calling thread; returns the error ("" if
+  // none).
+  std::string read(int64_t id, void* data, size_t size);
   // Deletes file `id` (no error if it was never written).
   void remove(int64_t id);
 
@@ -46,6 +49,7 @@ class DiskStore {
  private:
   std::string path_of(int64_t id) const;
   void run();
+  void stop_threads();
 
   const std::string directory_;
   const std::string prefix_;  // unique per store: pid and a counter
