@@ -3,9 +3,6 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
-#include <new>
 #include <optional>
 
 namespace torch_offload {
@@ -15,18 +12,11 @@ namespace torch_offload {
 class DiskStored : public StoredTensor, public std::enable_shared_from_this<DiskStored> {
  public:
   DiskStored(DiskTier& tier, HostBlock staging, size_t nbytes)
-      : tier_(tier), file_id_(tier.store_->new_file()), nbytes_(nbytes), staging_(staging) {
-    key_ = std::malloc(kKeyBytes);
-    if (key_ == nullptr) throw std::bad_alloc();
-    std::memset(key_, 0xff, kKeyBytes);
-  }
+      : tier_(tier), file_(tier.store_->new_file(nbytes)), nbytes_(nbytes), staging_(staging) {}
 
   void* destination() override { return staging_->ptr; }
-  ~DiskStored() override { std::free(key_); }
-  // All bits set: a direct read of the handle shows NaN (floating types) or -1, never plausible
-  // values.
-  void* handle_data() override { return key_; }
-  bool handle_holds_data() const override { return false; }
+  void* handle_data() override { return file_.data; }
+  bool views_restore_as_copies() const override { return false; }
   const void* resident() override { return nullptr; }
 
   void commit(FencePtr landed) override {
@@ -36,11 +26,12 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
     }
     auto self = shared_from_this();
     tier_.store_->write_async(
-        file_id_,
+        file_.id,
         [landed] {
           if (landed) landed->synchronize();
         },
-        staging_->ptr, nbytes_, [self](const std::string& error) { self->written(error); });
+        staging_->ptr, nbytes_,
+        [self](const std::string& error, bool disk_full) { self->written(error, disk_full); });
   }
 
   void read_ahead() override {
@@ -55,8 +46,8 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
     read_error_.clear();
     tier_.pending_reads_++;
     auto self = shared_from_this();
-    tier_.store_->read_async(file_id_, read_block_->ptr, nbytes_,
-                             [self](const std::string& error) { self->read_done(error); });
+    tier_.store_->read_async(file_.id, read_block_->ptr, nbytes_,
+                             [self](const std::string& error, bool) { self->read_done(error); });
   }
 
   HostBytes bytes_for_restore() override {
@@ -75,7 +66,7 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
     }
     lock.unlock();
     const HostBlock block = tier_.acquire_staging(nbytes_, FaultSite::kDiskRestoreStaging);
-    const std::string error = tier_.store_->read(file_id_, block.ptr, nbytes_);
+    const std::string error = tier_.store_->read(file_.id, block.ptr, nbytes_);
     if (!error.empty()) {
       tier_.staging_pool_->release(block);
       TORCH_CHECK(false,
@@ -98,7 +89,7 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
       staging_.reset();
       read_block_.reset();
     }
-    tier_.store_->remove(file_id_);
+    tier_.store_->remove(file_.id);
     return [pool = tier_.staging_pool_, blocks] {
       for (const HostBlock& b : blocks) pool->release(b);
     };
@@ -109,7 +100,7 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
     return [pool = tier_.staging_pool_, block] { pool->release(block); };
   }
 
-  void written(const std::string& error) {
+  void written(const std::string& error, bool disk_full) {
     std::lock_guard<std::mutex> lock(tier_.mutex_);
     tier_.pending_writes_--;
     write_pending_ = false;
@@ -118,6 +109,7 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
       staging_.reset();
     } else if (tier_.write_error_.empty()) {
       tier_.write_error_ = error;  // the data stays in staging_, so nothing is lost
+      tier_.write_error_bytes_ = disk_full ? nbytes_ : 0;
     }
     tier_.io_done_.notify_all();
   }
@@ -130,10 +122,8 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
     tier_.io_done_.notify_all();
   }
 
-  static constexpr size_t kKeyBytes = 16;  // the largest element size (complex128)
   DiskTier& tier_;
-  void* key_ = nullptr;
-  const int64_t file_id_;
+  const DiskStore::NewFile file_;
   const size_t nbytes_;
   // Guarded by tier_.mutex_.
   std::optional<HostBlock> staging_;     // the data until its write succeeded
@@ -162,6 +152,10 @@ HostBlock DiskTier::acquire_staging(size_t nbytes, FaultSite site) {
 void DiskTier::check_before_save() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (write_error_.empty()) return;
+  if (write_error_bytes_ > 0 && store_->has_room(write_error_bytes_)) {
+    write_error_.clear();  // the disk was full, and space has been freed since: nothing to report
+    return;
+  }
   const std::string error = std::move(write_error_);
   write_error_.clear();
   TORCH_CHECK(false, "torch_offload: the disk tier failed: ", error,

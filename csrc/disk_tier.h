@@ -44,6 +44,7 @@ class DiskTier : public Tier {
   int64_t pending_writes_ = 0;       // reserved and not yet written (each holds a staging buffer)
   int64_t pending_reads_ = 0;        // read-aheads under way
   std::string write_error_;          // first failed write, reported by the next save
+  size_t write_error_bytes_ = 0;     // its size when it failed for lack of space
   double host_wait_ms_ = 0.0;        // saves blocked by the write bound
   // Last member: destroyed first, its IO threads finish every queued task (which lock mutex_).
   std::unique_ptr<DiskStore> store_;

@@ -9,7 +9,7 @@ class HostStored : public StoredTensor {
       : pool_(std::move(pool)), block_(block) {}
   void* destination() override { return block_.ptr; }
   void* handle_data() override { return block_.ptr; }
-  bool handle_holds_data() const override { return true; }
+  bool views_restore_as_copies() const override { return true; }
   void commit(FencePtr) override {}
   const void* resident() override { return block_.ptr; }
   void read_ahead() override {}

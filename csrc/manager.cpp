@@ -70,19 +70,13 @@ at::Tensor Manager::make_handle(StoredTensor& stored, const at::Tensor& like) {
   TORCH_CHECK(!fault_injected(FaultSite::kHandleContext),
               "offload_save: out of host memory (injected by a test)");
   auto context = std::make_unique<HandleContext>(HandleContext{shared_from_this()});
-  const bool holds_data = stored.handle_holds_data();
-  c10::Storage storage(c10::Storage::use_byte_size_t(), holds_data ? like.nbytes() : 16,
+  c10::Storage storage(c10::Storage::use_byte_size_t(), like.nbytes(),
                        c10::DataPtr(stored.handle_data(), context.get(), &free_handle, c10::kCPU),
                        /*allocator=*/nullptr, /*resizable=*/false);
   context.release();  // the storage owns it now
   at::Tensor handle = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), like.dtype());
-  if (holds_data) {
-    handle.unsafeGetTensorImpl()->set_sizes_contiguous(like.sizes());
-  } else {
-    const std::vector<int64_t> zero_strides(like.dim(), 0);
-    handle.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), zero_strides);
-  }
+  handle.unsafeGetTensorImpl()->set_sizes_contiguous(like.sizes());
   return handle;
 }
 

@@ -23,11 +23,10 @@ Manager::Entry* Manager::find_entry_locked(const at::Tensor& handle, const char*
   Entry& entry = it->second;
   const bool exact = handle.storage_offset() == 0 && handle.sizes() == entry.sizes &&
                      handle.strides() == entry.strides && handle.scalar_type() == entry.dtype;
-  // A view of a host-tier handle has the handle's bytes and is restored as a plain copy; a view of
-  // a handle that holds no data would be a copy of nothing.
-  TORCH_CHECK(exact || entry.stored->handle_holds_data(), op,
-              ": the tensor is a view of a disk-tier handle (a slice, a transpose, a reshape), "
-              "which holds no data: pass the handle offload_save returned, unchanged");
+  // A view of a host-tier handle has the handle's bytes and is restored as a plain copy.
+  TORCH_CHECK(exact || entry.stored->views_restore_as_copies(), op,
+              ": the tensor is a view of a disk-tier handle (a slice, a transpose, a reshape): "
+              "pass the handle offload_save returned, unchanged");
   return exact ? &entry : nullptr;
 }
 

@@ -27,10 +27,12 @@ class StoredTensor {
   virtual ~StoredTensor() = default;
   // Host memory the device-to-host copy writes into, from save until commit().
   virtual void* destination() = 0;
-  // What the handle's storage points to: the bytes themselves (host tier), or a small key block
-  // whose first element the handle broadcasts (disk tier: the handle holds no data).
+  // What the handle's storage points to: memory that shows the tensor's bytes once saved (the
+  // host buffer; the disk file mapped copy-on-write).
   virtual void* handle_data() = 0;
-  virtual bool handle_holds_data() const = 0;
+  // Whether a view of the handle (a slice, a transpose) may be restored as a plain copy of that
+  // memory: not for the disk tier, whose mapping lacks the bytes when a write failed.
+  virtual bool views_restore_as_copies() const = 0;
   // The copy into destination() is queued; `landed` (null: it has completed) completes with it.
   virtual void commit(FencePtr landed) = 0;
   // The bytes when they are in host memory now (a device prefetch reads them), else null.
