@@ -121,7 +121,12 @@ void DiskStore::close_all() {
 }
 
 int DiskStore::create_unnamed_file() {
-  const int fd = ::openat(dir_fd_, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  int fd = -1;
+  if (fault_injected(FaultSite::kDiskNoTmpfile)) {
+    errno = EOPNOTSUPP;
+  } else {
+    fd = ::openat(dir_fd_, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  }
   if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)) return fd;
   // No O_TMPFILE on this filesystem: a random name in a directory only we can enter, unlinked
   // at once.

@@ -270,6 +270,31 @@ TEST_F(DiskHandleTest, TwoStoresInOneDirectoryNeverSeeEachOthersFiles) {
   EXPECT_EQ(dir_.files(), 0) << "the files have no name";
 }
 
+// Where the filesystem has no O_TMPFILE: random names in a private 0700 directory, unlinked as soon
+// as they are open, the directory removed with the store.
+TEST_F(DiskHandleTest, WithoutOTmpfileFilesLiveUnnamedInAPrivateDirectory) {
+  inject_fault(FaultSite::kDiskNoTmpfile, 0, 1 << 30);
+  {
+    auto manager = Manager::create(config_for(TierKind::kDisk, dir_.path()));
+    const at::Tensor x = values(5000, 7), y = values(5000, 8);
+    const at::Tensor hx = manager->save(x), hy = manager->save(y);
+    manager->synchronize();
+    EXPECT_EQ(manager->stats().disk_files, 2);
+    EXPECT_EQ(dir_.files(), 0) << "a file kept its name";
+    int private_dirs = 0;
+    for (auto& e : std::filesystem::directory_iterator(dir_.path())) {
+      ASSERT_TRUE(e.is_directory());
+      EXPECT_EQ(e.status().permissions() & std::filesystem::perms::all,
+                std::filesystem::perms::owner_all);
+      private_dirs++;
+    }
+    EXPECT_EQ(private_dirs, 1);
+    EXPECT_TRUE(at::equal(manager->restore(hy, kCPU), y));
+    EXPECT_TRUE(at::equal(manager->restore(hx, kCPU), x));
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir_.path())) << "the private directory was left behind";
+}
+
 // A half-built DiskStore used to destroy a joinable std::thread: std::terminate.
 TEST_F(DiskHandleTest, AnIoThreadThatCannotStartIsAClearError) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");

@@ -8,6 +8,10 @@ load_library()
 
 @torch.library.register_fake("offload::offload_save")
 def _offload_save_fake(x, manager):
+    # Also the kernel for real meta tensors (FakeTensors report their fake device, not meta): those
+    # have no data, and an empty handle would restore as uninitialised memory.
+    if x.device.type == "meta":
+        raise RuntimeError("offload_save: got a meta tensor, which has no data to offload")
     # The handle is a contiguous host copy of x.
     return torch.empty(x.shape, dtype=x.dtype, device="cpu")
 
