@@ -2,105 +2,256 @@
 
 #include <c10/util/Exception.h>
 #include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <random>
+#include <system_error>
+
+#include "fault_injection.h"
 
 namespace torch_offload {
 namespace {
 
 std::string errno_text(int err) { return std::string(std::strerror(err)); }
 
-// Full-buffer write/read loops: the kernel may transfer fewer bytes than asked.
-std::string write_file(const std::string& path, const void* data, size_t size) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return "cannot create " + path + ": " + errno_text(errno);
-  const char* p = static_cast<const char*>(data);
-  size_t left = size;
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : ENOSPC;
-      ::close(fd);
-      ::unlink(path.c_str());
-      return "writing " + std::to_string(size) + " bytes to " + path +
-             " failed: " + errno_text(err);
+bool is_full(int err) { return err == ENOSPC || err == EDQUOT; }
+
+// Each live file holds a descriptor: let the process use as many as its hard limit allows.
+void raise_open_file_limit() {
+  static const bool raised = [] {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+      limit.rlim_cur = limit.rlim_max;
+      ::setrlimit(RLIMIT_NOFILE, &limit);
     }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(path.c_str());
-    return "closing " + path + " failed: " + errno_text(err);
-  }
-  return "";
+    return true;
+  }();
+  (void)raised;
 }
 
-std::string read_file(const std::string& path, void* data, size_t size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "cannot open " + path + ": " + errno_text(errno);
-  char* p = static_cast<char*>(data);
-  size_t left = size;
-  while (left > 0) {
-    const ssize_t n = ::read(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(fd);
-      return "reading " + path + " failed: " + (n < 0 ? errno_text(errno) : "file is truncated");
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
+// Opens `path` as a directory we may safely make files in: not a directory that another user
+// owns and everyone may write to (they could swap what we create), unless it is sticky and
+// root's (like /tmp).
+int open_checked_directory(const std::string& path, const char* what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "torch_offload: cannot open ", what, " ", path, ": ", errno_text(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  const bool foreign = st.st_uid != ::geteuid();
+  const bool everyone_writes = (st.st_mode & S_IWOTH) != 0;
+  const bool sticky_root = (st.st_mode & S_ISVTX) != 0 && st.st_uid == 0;
+  if (foreign && everyone_writes && !sticky_root) {
+    ::close(fd);
+    TORCH_CHECK(false, "torch_offload: refusing ", what, " ", path, ": it belongs to user id ",
+                st.st_uid,
+                " and everyone may write to it, so another user could tamper with the "
+                "offloaded tensors. Choose a directory of your own.");
   }
-  ::close(fd);
-  return "";
+  return fd;
 }
-
-std::atomic<int64_t> store_counter{0};
 
 }  // namespace
 
-DiskStore::DiskStore(const std::string& directory, int io_threads)
-    : directory_(directory),
-      prefix_("torch_offload_" + std::to_string(::getpid()) + "_" +
-              std::to_string(store_counter++) + "_") {
+DiskStore::DiskStore(const std::string& directory, int io_threads) : directory_(directory) {
   TORCH_CHECK(!directory_.empty(), "torch_offload: the disk tier needs a directory (disk_dir)");
+  TORCH_CHECK(io_threads >= 1, "torch_offload: need at least one IO thread");
   if (::mkdir(directory_.c_str(), 0700) != 0 && errno != EEXIST) {
     TORCH_CHECK(false, "torch_offload: cannot create disk_dir ", directory_, ": ",
                 errno_text(errno));
   }
-  const std::string probe = directory_ + "/" + prefix_ + "probe";
-  const char byte = 0;
-  const std::string error = write_file(probe, &byte, 1);
-  ::unlink(probe.c_str());
-  TORCH_CHECK(error.empty(), "torch_offload: disk_dir ", directory_, " is not writable: ", error);
-  TORCH_CHECK(io_threads >= 1, "torch_offload: need at least one IO thread");
-  for (int i = 0; i < io_threads; ++i) threads_.emplace_back([this] { run(); });
+  dir_fd_ = open_checked_directory(directory_, "disk_dir");
+  raise_open_file_limit();
+  try {
+    remove(new_file(1).id);  // fails here, not at the first save, when nothing can be written
+  } catch (const c10::Error& e) {
+    close_all();
+    TORCH_CHECK(false, "torch_offload: disk_dir ", directory_,
+                " is not writable: ", e.what_without_backtrace());
+  }
+  try {
+    for (int i = 0; i < io_threads; ++i) {
+      if (fault_injected(FaultSite::kIoThreadStart)) {
+        throw std::system_error(EAGAIN, std::generic_category(), "injected by a test");
+      }
+      threads_.emplace_back([this] { run(); });
+    }
+  } catch (const std::exception& e) {
+    const size_t started = threads_.size();
+    close_all();  // joins the threads started: a joinable std::thread must not be destroyed
+    TORCH_CHECK(false, "torch_offload: cannot start the disk tier's IO thread ", started + 1,
+                " of ", io_threads, ": ", e.what());
+  }
 }
 
-DiskStore::~DiskStore() {
+void DiskStore::stop_threads() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   work_ready_.notify_all();
   for (auto& t : threads_) t.join();
-  for (int64_t id : files_) ::unlink(path_of(id).c_str());
+  threads_.clear();
 }
 
-std::string DiskStore::path_of(int64_t id) const {
-  return directory_ + "/" + prefix_ + std::to_string(id) + ".bin";
+DiskStore::~DiskStore() { close_all(); }
+
+void DiskStore::close_all() {
+  stop_threads();
+  for (auto& [id, file] : files_) {
+    if (file.map != nullptr) ::munmap(file.map, file.size);
+    ::close(file.fd);
+  }
+  files_.clear();
+  for (const std::string& name : unlink_later_) ::unlinkat(private_dir_fd_, name.c_str(), 0);
+  unlink_later_.clear();
+  if (private_dir_fd_ >= 0) {
+    ::close(private_dir_fd_);
+    ::rmdir(private_dir_.c_str());
+    private_dir_fd_ = -1;
+  }
+  if (dir_fd_ >= 0) ::close(dir_fd_);
+  dir_fd_ = -1;
 }
 
-int64_t DiskStore::new_file() {
+int DiskStore::create_unnamed_file() {
+  int fd = -1;
+  if (fault_injected(FaultSite::kDiskNoTmpfile)) {
+    errno = EOPNOTSUPP;
+  } else {
+    fd = ::openat(dir_fd_, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  }
+  if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)) return fd;
+  // No O_TMPFILE on this filesystem: a random name in a directory only we can enter, unlinked
+  // at once.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (private_dir_fd_ < 0) {
+    std::string pattern = directory_ + "/torch_offload-XXXXXX";
+    TORCH_CHECK(::mkdtemp(pattern.data()) != nullptr, "torch_offload: cannot create a private ",
+                "directory in disk_dir ", directory_, ": ", errno_text(errno));
+    private_dir_ = pattern;
+    private_dir_fd_ = ::open(private_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st {};
+    TORCH_CHECK(private_dir_fd_ >= 0 && ::fstat(private_dir_fd_, &st) == 0 &&
+                    st.st_uid == ::geteuid() && (st.st_mode & 077) == 0,
+                "torch_offload: the private directory ", private_dir_, " was tampered with");
+  }
+  static thread_local std::mt19937_64 random{std::random_device{}()};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::string name = std::to_string(random());
+    const int named = ::openat(private_dir_fd_, name.c_str(),
+                               O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (named < 0 && errno == EEXIST) continue;
+    if (named >= 0 && ::unlinkat(private_dir_fd_, name.c_str(), 0) != 0) {
+      unlink_later_.push_back(name);
+    }
+    return named;
+  }
+  errno = EEXIST;
+  return -1;
+}
+
+DiskStore::NewFile DiskStore::new_file(size_t size) {
+  const int fd = create_unnamed_file();
+  if (fd < 0) {
+    const int err = errno;
+    TORCH_CHECK(
+        false, "torch_offload: cannot create a file in disk_dir ", directory_, ": ",
+        errno_text(err),
+        err == EMFILE ? " (each tensor on disk holds a file descriptor: raise ulimit -n)" : "");
+  }
+  File file{fd, nullptr, size, {}};
+  if (size > 0) {
+    // Reserve the space now: a full disk is reported by this save, and is never stale.
+    int err = ::fallocate(fd, 0, 0, static_cast<off_t>(size)) == 0 ? 0 : errno;
+    if (err == EOPNOTSUPP) err = ::ftruncate(fd, static_cast<off_t>(size)) == 0 ? 0 : errno;
+    void* map =
+        err != 0 ? MAP_FAILED : ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) {
+      if (err == 0) err = errno;
+      ::close(fd);
+      TORCH_CHECK(false, "torch_offload: cannot reserve ", size, " bytes in disk_dir ", directory_,
+                  ": ", errno_text(err));
+    }
+    file.map = map;
+  }
+  static char empty_file_data;
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t id = next_id_++;
-  files_.insert(id);
-  return id;
+  files_.emplace(id, file);
+  return NewFile{id, file.map != nullptr ? file.map : &empty_file_data};
+}
+
+std::string DiskStore::describe(int64_t id) const {
+  return "disk-tier file " + std::to_string(id) + " (unnamed, in " + directory_ + ")";
+}
+
+// Full-buffer write/read loops: the kernel may transfer fewer bytes than asked.
+std::string DiskStore::write_file(int64_t id, const void* data, size_t size, bool* full) {
+  const FileChecksum checksum = file_checksum(data, size);
+  int fd;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fd = files_.at(id).fd;
+    if (simulate_full_) {
+      *full = true;
+      return "writing " + std::to_string(size) + " bytes to " + describe(id) +
+             " failed: " + errno_text(ENOSPC);
+    }
+  }
+  const char* p = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pwrite(fd, p + done, size - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      *full = is_full(err);
+      return "writing " + std::to_string(size) + " bytes to " + describe(id) +
+             " failed: " + errno_text(err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  files_.at(id).checksum = checksum;
+  bytes_written_ += static_cast<int64_t>(size);
+  return "";
+}
+
+std::string DiskStore::read(int64_t id, void* data, size_t size) {
+  int fd;
+  FileChecksum expected;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const File& file = files_.at(id);
+    fd = file.fd;
+    expected = file.checksum;
+  }
+  char* p = static_cast<char*>(data);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd, p + done, size - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return "reading " + describe(id) +
+             " failed: " + (n < 0 ? errno_text(errno) : "the file is truncated");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (file_checksum(data, size) != expected) {
+    return "reading " + describe(id) + " failed: its " + std::to_string(size) +
+           " bytes do not match the checksum written (CRC32C): the file was modified or the disk "
+           "returned bad data";
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  bytes_read_ += static_cast<int64_t>(size);
+  return "";
 }
 
 void DiskStore::write_async(int64_t id, std::function<void()> ready, const void* data, size_t size,
@@ -109,19 +260,9 @@ void DiskStore::write_async(int64_t id, std::function<void()> ready, const void*
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.emplace_back([this, id, ready = std::move(ready), data, size, done = std::move(done)] {
       ready();
-      bool full;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        full = simulate_full_;
-      }
-      std::string error = full ? "writing " + std::to_string(size) + " bytes to " + path_of(id) +
-                                     " failed: " + errno_text(ENOSPC)
-                               : write_file(path_of(id), data, size);
-      if (error.empty()) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        bytes_written_ += static_cast<int64_t>(size);
-      }
-      done(error);
+      bool full = false;
+      const std::string error = write_file(id, data, size, &full);
+      done(error, full);
     });
   }
   work_ready_.notify_one();
@@ -130,24 +271,36 @@ void DiskStore::write_async(int64_t id, std::function<void()> ready, const void*
 void DiskStore::read_async(int64_t id, void* data, size_t size, Done done) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.emplace_back([this, id, data, size, done = std::move(done)] {
-      std::string error = read_file(path_of(id), data, size);
-      if (error.empty()) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        bytes_read_ += static_cast<int64_t>(size);
-      }
-      done(error);
-    });
+    queue_.emplace_back(
+        [this, id, data, size, done = std::move(done)] { done(read(id, data, size), false); });
   }
   work_ready_.notify_one();
 }
 
 void DiskStore::remove(int64_t id) {
+  File file;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    files_.erase(id);
+    auto it = files_.find(id);
+    if (it == files_.end()) return;
+    file = it->second;
+    files_.erase(it);
+    // Names whose unlink failed earlier (fallback without O_TMPFILE): try again.
+    for (auto name = unlink_later_.begin(); name != unlink_later_.end();) {
+      const bool gone = ::unlinkat(private_dir_fd_, name->c_str(), 0) == 0 || errno == ENOENT;
+      name = gone ? unlink_later_.erase(name) : name + 1;
+    }
   }
-  ::unlink(path_of(id).c_str());
+  if (file.map != nullptr) ::munmap(file.map, file.size);
+  ::close(file.fd);
+}
+
+bool DiskStore::has_room(size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (simulate_full_) return false;
+  struct statvfs st {};
+  if (::fstatvfs(dir_fd_, &st) != 0) return false;
+  return static_cast<unsigned long long>(st.f_bavail) * st.f_frsize >= bytes;
 }
 
 void DiskStore::run() {

@@ -1,7 +1,10 @@
 #pragma once
-// Files for the disk tier: each offloaded tensor is one file in a directory, written and read by
-// background IO threads. Files are removed when their tensor is released and, at the latest, when
-// the store is destroyed (normal exit or unwinding after an exception).
+// Files for the disk tier: each offloaded tensor is one file, written and read by background IO
+// threads (reads on restore also run on the caller). The files have no name (O_TMPFILE; or, where
+// the filesystem lacks it, a random name in a private 0700 subdirectory, unlinked right after it
+// is created): no other process can open, replace or plant them, two stores sharing a directory
+// never see each other's files, and nothing is left behind however the process ends. Each file's
+// CRC32C is checked on every read.
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -9,31 +12,46 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
+
+#include "crc32c.h"
 
 namespace torch_offload {
 
 class DiskStore {
  public:
-  // Creates `directory` if needed and checks that a file can be written there (throws otherwise).
+  // Opens `directory` (created 0700 if missing) and checks that files can be made there. Refuses
+  // a directory that another user owns and everyone may write to. Throws a clear error.
   DiskStore(const std::string& directory, int io_threads);
   ~DiskStore();
   DiskStore(const DiskStore&) = delete;
   DiskStore& operator=(const DiskStore&) = delete;
 
-  // Called on an IO thread once the operation ended; `error` is empty on success.
-  using Done = std::function<void(const std::string& error)>;
+  // Called on an IO thread once the operation ended; `error` is empty on success, `disk_full`
+  // tells a write that failed for lack of space.
+  using Done = std::function<void(const std::string& error, bool disk_full)>;
 
-  // Allocates a new file id (no IO yet).
-  int64_t new_file();
+  struct NewFile {
+    int64_t id;
+    // The file mapped copy-on-write (writes to it never reach the file): it shows the file's
+    // bytes once their write finished. Valid until remove(id).
+    void* data;
+  };
+  // A new file of `size` bytes, its space reserved where the filesystem can (a full disk is an
+  // error here, not at the write). Throws a clear error.
+  NewFile new_file(size_t size);
   // After `ready()` returns, writes `size` bytes at `data` into file `id`.
   void write_async(int64_t id, std::function<void()> ready, const void* data, size_t size,
                    Done done);
-  // Reads `size` bytes of file `id` into `data`.
+  // Reads file `id` into `data` (`size` bytes) and checks its checksum.
   void read_async(int64_t id, void* data, size_t size, Done done);
-  // Deletes file `id` (no error if it was never written).
+  // The same, on the calling thread; returns the error ("" if none).
+  std::string read(int64_t id, void* data, size_t size);
+  // Closes and frees file `id`.
   void remove(int64_t id);
+  // Whether `bytes` more would fit on the filesystem now (a full disk may have been freed).
+  bool has_room(size_t bytes) const;
 
   const std::string& directory() const { return directory_; }
   int64_t files_on_disk() const;
@@ -44,15 +62,28 @@ class DiskStore {
   void simulate_full_disk(bool full);
 
  private:
-  std::string path_of(int64_t id) const;
+  struct File {
+    int fd = -1;
+    void* map = nullptr;
+    size_t size = 0;
+    FileChecksum checksum{};  // of the bytes written
+  };
+  int create_unnamed_file();
+  std::string write_file(int64_t id, const void* data, size_t size, bool* full);
+  std::string describe(int64_t id) const;
   void run();
+  void stop_threads();
+  void close_all();  // the destructor's work; safe to call twice
 
   const std::string directory_;
-  const std::string prefix_;  // unique per store: pid and a counter
+  int dir_fd_ = -1;
+  int private_dir_fd_ = -1;                // only where O_TMPFILE is unsupported
+  std::string private_dir_;                // its path
+  std::vector<std::string> unlink_later_;  // names whose unlink failed, retried on remove()
   mutable std::mutex mutex_;
   std::condition_variable work_ready_;
   std::deque<std::function<void()>> queue_;
-  std::unordered_set<int64_t> files_;  // written or being written
+  std::unordered_map<int64_t, File> files_;
   int64_t next_id_ = 0;
   int64_t bytes_written_ = 0;
   int64_t bytes_read_ = 0;

@@ -8,18 +8,15 @@
 #include <tuple>
 
 #include "cuda_transfer.h"
+#include "fault_injection.h"
 #include "manager_registry.h"
 
 namespace torch_offload {
-namespace {
-
 // "cuda" and "cuda:0" must name the same place when matching prefetched copies.
-c10::Device with_index(c10::Device device) {
+c10::Device Manager::with_index(c10::Device device) {
   if (device.is_cpu() || device.has_index()) return device;
   return c10::impl::getDeviceGuardImpl(device.type())->getDevice();
 }
-
-}  // namespace
 
 std::shared_ptr<Manager> Manager::create(const ManagerConfig& config,
                                          std::shared_ptr<DeviceTransfer> transfer,
@@ -39,13 +36,16 @@ Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> tr
       transfer ? std::move(transfer) : std::shared_ptr<DeviceTransfer>(make_cuda_transfer());
   if (!allocator) allocator = make_default_host_allocator();
   const bool pinned = allocator->pinned();
-  pool_ = std::make_shared<HostBufferPool>(std::move(allocator), config.host_budget_bytes);
+  host_ = std::make_unique<HostTier>(
+      std::make_shared<HostBufferPool>(std::move(allocator), config.host_budget_bytes));
   TORCH_CHECK(!config.disk_only || !config.disk_dir.empty(),
               "torch_offload: the disk mode needs a disk_dir");
+  if (!config.disk_only) save_tiers_.push_back(host_.get());
   if (!config.disk_dir.empty()) {
-    disk_ = std::make_unique<DiskStore>(config.disk_dir, static_cast<int>(config.io_threads));
-    staging_pool_ = std::make_shared<HostBufferPool>(
-        pinned ? make_default_host_allocator() : make_pageable_allocator(), 0);
+    disk_ = std::make_unique<DiskTier>(
+        config.disk_dir, static_cast<int>(config.io_threads), config.max_in_flight,
+        pinned ? make_default_host_allocator() : make_pageable_allocator());
+    save_tiers_.push_back(disk_.get());
   }
 }
 
@@ -61,44 +61,79 @@ DeviceTransfer* Manager::transfer_for(c10::Device device) const {
   return transfer_.get();
 }
 
-at::Tensor Manager::make_handle(const HostBlock& block, const at::Tensor& like) {
-  auto self = shared_from_this();
-  return at::from_blob(
-      block.ptr, like.sizes(), [self, block](void*) { self->on_handle_freed(block); },
-      like.options().device(c10::kCPU).pinned_memory(false));
+void Manager::free_handle(void* context) {
+  std::unique_ptr<HandleContext> owned(static_cast<HandleContext*>(context));
+  owned->manager->on_handle_freed(owned.get());
+}
+
+at::Tensor Manager::make_handle(StoredTensor& stored, const at::Tensor& like) {
+  TORCH_CHECK(!fault_injected(FaultSite::kHandleContext),
+              "offload_save: out of host memory (injected by a test)");
+  auto context = std::make_unique<HandleContext>(HandleContext{shared_from_this()});
+  c10::Storage storage(c10::Storage::use_byte_size_t(), like.nbytes(),
+                       c10::DataPtr(stored.handle_data(), context.get(), &free_handle, c10::kCPU),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  context.release();  // the storage owns it now
+  at::Tensor handle = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), like.dtype());
+  handle.unsafeGetTensorImpl()->set_sizes_contiguous(like.sizes());
+  return handle;
+}
+
+at::Tensor Manager::host_tensor(const Entry& entry, const void* data) const {
+  // Contiguous: the tier holds the bytes of the contiguous source.
+  return at::from_blob(const_cast<void*>(data), entry.sizes,
+                       at::TensorOptions().dtype(entry.dtype).device(c10::kCPU));
 }
 
 at::Tensor Manager::save(const at::Tensor& x) {
   TORCH_CHECK(x.defined(), "offload_save: got an undefined tensor");
   TORCH_CHECK(x.layout() == c10::kStrided && !x.is_quantized(),
               "offload_save: only dense strided tensors can be offloaded, got layout ", x.layout());
+  TORCH_CHECK(!x.is_meta(),
+              "offload_save: got a meta tensor, which has no data to offload (under "
+              "torch.compile or FakeTensor tracing the Python fake kernel runs instead)");
   DeviceTransfer* transfer = transfer_for(x.device());
-  if (disk_) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!disk_error_.empty()) {
-      const std::string error = std::move(disk_error_);
-      disk_error_.clear();
-      TORCH_CHECK(false, "torch_offload: the disk tier failed: ", error,
-                  ". Tensors saved before stay in host memory and restore correctly; free space "
-                  "in disk_dir or choose another one. Nothing was offloaded by this call.");
-    }
-  }
+  for (Tier* tier : save_tiers_) tier->check_before_save();
   // Sources are copied as one contiguous run of bytes; a non-contiguous view costs one extra copy.
   const at::Tensor src = x.contiguous();
-  std::optional<HostBlock> block;
-  if (!config_.disk_only) {
-    // Without a disk tier an over-budget request throws here, before anything changed.
-    block = disk_ ? pool_->try_acquire(src.nbytes()) : pool_->acquire(src.nbytes());
+  std::shared_ptr<StoredTensor> stored;
+  size_t tier_index = 0;
+  for (; !stored; ++tier_index) {
+    // Without a next tier an over-budget request throws here, before anything changed.
+    const bool may_decline = tier_index + 1 < save_tiers_.size();
+    stored = save_tiers_[tier_index]->reserve(src.nbytes(), may_decline);
   }
   if (config_.release_sources_on_save) finish_all_saves();
-  if (!block) return save_to_disk(x, src, transfer);
 
-  at::Tensor handle = make_handle(*block, src);
-  const ToHostCopy copy = copy_to_host(src, handle, transfer);
+  ToHostCopy copy;
+  at::Tensor handle;
+  try {
+    const at::Tensor destination =
+        at::from_blob(stored->destination(), src.sizes(), src.options().device(c10::kCPU));
+    copy = copy_to_host(src, destination, transfer);
+    handle = make_handle(*stored, src);
+    stored->commit(copy.done);
+  } catch (...) {
+    // The copy may still write the tier's memory: free it once the copy has finished.
+    std::function<void()> free = stored->release();
+    const FencePtr done = copy.done;
+    if (done && !done->query()) {
+      releaser_.release_after([done] { done->synchronize(); }, std::move(free),
+                              /*counts_in_flight=*/false);
+    } else {
+      free();
+    }
+    throw;
+  }
   Entry entry;
-  entry.host_view = at::from_blob(block->ptr, src.sizes(), handle.options());
+  entry.stored = std::move(stored);
+  entry.sizes = handle.sizes().vec();
+  entry.strides = handle.strides().vec();
+  entry.dtype = src.scalar_type();
   std::lock_guard<std::mutex> lock(mutex_);
-  add_entry_locked(block->ptr, std::move(entry), x, copy);
+  if (tier_index > 1) counters_.spills++;  // the first tier declined it
+  add_entry_locked(handle.storage().data_ptr().get_context(), std::move(entry), x, copy);
   return handle;
 }
 
@@ -130,7 +165,6 @@ Manager::ToHostCopy Manager::copy_to_host(const at::Tensor& src, const at::Tenso
 void Manager::add_entry_locked(const void* key, Entry entry, const at::Tensor& x,
                                const ToHostCopy& copy) {
   entry.source_device = with_index(x.device());
-  entry.nbytes = x.nbytes();
   if (x.unsafeGetTensorImpl()->version_counter().enabled()) {
     entry.version_counter = x.unsafeGetTensorImpl()->version_counter();
     entry.saved_version = entry.version_counter.current_version();
@@ -173,9 +207,9 @@ void Manager::finish_save(const at::Tensor& handle) {
   HeldSource held;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = entries_.find(handle.storage().data());
-    if (it == entries_.end() || !it->second.source) return;  // nothing held (CPU, synchronous)
-    held = take_source_locked(it->second);
+    Entry* entry = find_entry_locked(handle, "finish_save");
+    if (entry == nullptr || !entry->source) return;  // nothing held (CPU, synchronous)
+    held = take_source_locked(*entry);
   }
   release_in_stream_order(held);
 }
@@ -191,144 +225,28 @@ void Manager::check_unmodified(const Entry& entry) const {
               "it before modifying it.");
 }
 
-at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
-  TORCH_CHECK(handle.defined() && handle.is_cpu(),
-              "offload_restore: the handle must be the CPU tensor returned by offload_save");
-  device = with_index(device);
-  DeviceTransfer* transfer = transfer_for(device);
-  std::unique_lock<std::mutex> lock(mutex_);
-  // Handles are found by their buffer (the storage's base), so views of a handle are recognised
-  // too.
-  auto it = entries_.find(handle.storage().data());
-  const bool is_handle = it != entries_.end() && handle.storage_offset() == 0 &&
-                         it->second.host_view.sizes() == handle.sizes() &&
-                         it->second.host_view.strides() == handle.strides() &&
-                         it->second.host_view.dtype() == handle.dtype();
-  if (!is_handle) {
-    // A view of a handle (its transpose, a slice), a copy of one, or any host tensor: restoring it
-    // is a plain copy to `device`, once the handle's own copy has landed in host memory.
-    const FencePtr landed = it != entries_.end() ? it->second.to_host_done : nullptr;
-    counters_.restores++;
-    counters_.bytes_to_device += static_cast<int64_t>(handle.nbytes());
-    lock.unlock();
-    if (landed) landed->synchronize();
-    return handle.to(device, /*non_blocking=*/false, /*copy=*/true);
-  }
-  Entry& entry = it->second;
-  check_unmodified(entry);
-  if (entry.file_id >= 0) return restore_from_disk(it->first, device, transfer, lock);
-  at::Tensor out;
-  if (entry.prefetched.defined() && entry.prefetched.device() == device) {
-    out = std::move(entry.prefetched);
-    entry.prefetched = at::Tensor();
-    transfer->compute_waits_for(entry.prefetch_done, device);
-    counters_.prefetch_hits++;
-  } else {
-    out = copy_for_restore_locked(entry, entry.host_view, device, transfer);
-  }
-  finish_restore_locked(entry, out, device, transfer);
-  return out;
-}
-
-at::Tensor Manager::copy_for_restore_locked(Entry& entry, const at::Tensor& host,
-                                            c10::Device device, DeviceTransfer* transfer) {
-  if (transfer != nullptr) {
-    auto [out, done] = transfer->copy_to_device(host, device, entry.to_host_done);
-    entry.last_fence = done;
-    transfer->compute_waits_for(done, device);
-    return out;
-  }
-  if (entry.to_host_done) entry.to_host_done->synchronize();  // source was on a device
-  at::Tensor out = at::empty(host.sizes(), host.options());
-  out.copy_(host);
-  return out;
-}
-
-void Manager::finish_restore_locked(Entry& entry, const at::Tensor& out, c10::Device device,
-                                    DeviceTransfer* transfer) {
-  entry.restored = true;
-  counters_.restores++;
-  counters_.bytes_to_device += static_cast<int64_t>(out.nbytes());
-  if (!config_.synchronous) prefetch_before_locked(entry, device, transfer);
-}
-
-void Manager::prefetch(const at::Tensor& handle, c10::Device device) {
-  TORCH_CHECK(handle.defined() && handle.is_cpu(),
-              "prefetch: the handle must be the CPU tensor returned by offload_save");
-  device = with_index(device);
-  DeviceTransfer* transfer = transfer_for(device);
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = entries_.find(handle.storage().data());
-  TORCH_CHECK(
-      it != entries_.end(),
-      "prefetch: the tensor is not a live handle of this manager (offload_save returns one)");
-  Entry& entry = it->second;
-  if (config_.synchronous || transfer == nullptr || entry.file_id >= 0 ||
-      entry.prefetched.defined()) {
-    return;
-  }
-  check_unmodified(entry);
-  start_prefetch_locked(entry, device, transfer);
-}
-
-void Manager::start_prefetch_locked(Entry& entry, c10::Device device, DeviceTransfer* transfer) {
-  std::tie(entry.prefetched, entry.prefetch_done) =
-      transfer->copy_to_device(entry.host_view, device, entry.to_host_done);
-  entry.last_fence = entry.prefetch_done;
-  counters_.prefetches++;
-}
-
-void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
-                                     DeviceTransfer* transfer) {
-  // Backward restores in reverse save order: the entries saved just before this one come next.
-  int64_t budget = config_.prefetch_depth;
-  for (auto pos = restored.order_pos; budget > 0 && pos != save_order_.begin();) {
-    --pos;
-    Entry& candidate = entries_.at(*pos);
-    if (candidate.restored || candidate.source_device != device) continue;
-    if (candidate.file_id >= 0) {  // disk tier: read ahead into host memory
-      budget--;
-      if (!candidate.read_staging && !candidate.read_pending && !candidate.write_pending &&
-          !candidate.staging) {
-        start_disk_read_locked(*pos, candidate);
-      }
-      continue;
-    }
-    if (transfer == nullptr) continue;
-    budget--;
-    if (!candidate.prefetched.defined()) start_prefetch_locked(candidate, device, transfer);
-  }
-}
-
-void Manager::on_handle_freed(const HostBlock& block) {
+void Manager::on_handle_freed(const void* key) {
   FencePtr last;
   at::Tensor prefetched;
-  std::vector<std::pair<std::shared_ptr<HostBufferPool>, HostBlock>> blocks;
+  std::shared_ptr<StoredTensor> stored;
   {
-    std::unique_lock<std::mutex> lock(mutex_);
-    auto it = entries_.find(block.ptr);
-    if (it != entries_.end()) {
-      Entry& entry = it->second;
-      if (entry.file_id >= 0) {
-        release_disk_entry(entry, lock);  // waits for the entry's IO, removes its file
-        it = entries_.find(block.ptr);    // the wait unlocked: iterators may be stale
-        if (entry.staging) blocks.emplace_back(staging_pool_, *entry.staging);
-        if (entry.read_staging) blocks.emplace_back(staging_pool_, *entry.read_staging);
-      }
-      last = entry.last_fence;
-      prefetched = std::move(entry.prefetched);
-      save_order_.erase(entry.order_pos);
-      entries_.erase(it);
-    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return;  // its save failed after making it
+    Entry& entry = it->second;
+    last = entry.last_fence;
+    prefetched = std::move(entry.prefetched);
+    stored = std::move(entry.stored);
+    save_order_.erase(entry.order_pos);
+    entries_.erase(it);
   }
-  // Disk entries' handles own a small key block of their own, not a pool buffer.
-  if (block.size > 0) blocks.emplace_back(pool_, block);
-  auto release = [blocks, prefetched]() mutable {
+  // Waits for the tier's IO on this tensor (a disk write), without the manager's lock.
+  auto release = [free = stored->release(), prefetched]() mutable {
     prefetched = at::Tensor();
-    for (auto& [pool, b] : blocks) pool->release(b);
+    free();
   };
-  // A copy may still read or write these buffers (or the unused prefetched copy): release them
-  // only once it has finished, so the pools never hand out memory a DMA is still touching.
+  // A copy may still read or write the tier's memory (or the unused prefetched copy): release it
+  // only once that copy has finished, so no buffer is handed out while a DMA still touches it.
   if (last && !last->query()) {
     releaser_.release_after([last] { last->synchronize(); }, std::move(release),
                             /*counts_in_flight=*/false);
@@ -338,29 +256,22 @@ void Manager::on_handle_freed(const HostBlock& block) {
 }
 
 OffloadStats Manager::stats() {
-  const PoolStats pool = pool_->stats();
-  std::lock_guard<std::mutex> lock(mutex_);
-  OffloadStats s = counters_;
-  s.in_flight_peak = releaser_.in_flight_peak();
-  s.host_bytes_in_use = pool.bytes_in_use;
-  s.host_bytes_peak = pool.bytes_peak;
-  s.host_bytes_cached = pool.bytes_cached;
-  s.pool_hits = pool.hits;
-  s.pool_misses = pool.misses;
-  s.host_allocations = pool.allocations;
-  s.live_handles = static_cast<int64_t>(entries_.size());
-  s.pinned = pool_->pinned();
-  s.compute_wait_ms = transfer_ ? transfer_->compute_wait_ms() : 0.0;
-  if (disk_) {
-    s.disk_files = disk_->files_on_disk();
-    s.disk_bytes_written = disk_->bytes_written();
-    s.disk_bytes_read = disk_->bytes_read();
+  OffloadStats s;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    s = counters_;
+    s.live_handles = static_cast<int64_t>(entries_.size());
   }
+  host_->add_stats(s);
+  if (disk_) disk_->add_stats(s);
+  s.in_flight_peak = releaser_.in_flight_peak();
+  s.compute_wait_ms = transfer_ ? transfer_->compute_wait_ms() : 0.0;
   return s;
 }
 
 void Manager::reset_stats() {
-  pool_->reset_counters();
+  host_->reset_stats();
+  if (disk_) disk_->reset_stats();
   releaser_.reset_peak();
   if (transfer_) transfer_->reset_compute_wait();
   std::lock_guard<std::mutex> lock(mutex_);
@@ -368,16 +279,10 @@ void Manager::reset_stats() {
 }
 
 void Manager::synchronize() {
+  if (disk_) disk_->synchronize();
   std::vector<FencePtr> fences;
   {
-    std::unique_lock<std::mutex> lock(mutex_);
-    io_done_.wait(lock, [this] {
-      if (pending_writes_ > 0) return false;
-      for (auto& [key, entry] : entries_) {
-        if (entry.read_pending) return false;
-      }
-      return true;
-    });
+    std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [key, entry] : entries_) {
       if (entry.last_fence) fences.push_back(entry.last_fence);
     }
@@ -386,6 +291,9 @@ void Manager::synchronize() {
   releaser_.drain();
 }
 
-void Manager::empty_pool() { pool_->empty_cache(); }
+void Manager::empty_pool() {
+  host_->empty_cache();
+  if (disk_) disk_->empty_cache();
+}
 
 }  // namespace torch_offload

@@ -12,11 +12,12 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "deferred_releaser.h"
 #include "device_transfer.h"
-#include "disk_store.h"
-#include "host_buffer_pool.h"
+#include "disk_tier.h"
+#include "host_tier.h"
 #include "manager_config.h"
 #include "offload_stats.h"
 
@@ -85,41 +86,48 @@ class Manager : public std::enable_shared_from_this<Manager> {
   const ManagerConfig& config() const { return config_; }
 
  private:
+  // One live handle. Its bytes are in a tier (`stored`); the rest is what every tier shares.
   struct Entry {
-    at::Tensor host_view;  // non-owning view of the handle's buffer (the handle owns it)
+    std::shared_ptr<StoredTensor> stored;
+    std::vector<int64_t> sizes;  // the handle's shape, strides and dtype
+    std::vector<int64_t> strides;
+    c10::ScalarType dtype = c10::kFloat;
     c10::Device source_device{c10::kCPU};
     c10::VariableVersion version_counter;  // disabled unless the source had one
     uint32_t saved_version = 0;
     FencePtr to_host_done;               // null when the copy was synchronous
     std::shared_ptr<SourceSlot> source;  // the device source while its copy may still read it
-    FencePtr last_fence;                 // latest queued copy that touches the buffer
+    FencePtr last_fence;                 // latest queued copy that touches the tier's memory
     at::Tensor prefetched;               // device copy started ahead of the restore
     FencePtr prefetch_done;
     bool restored = false;
     std::list<const void*>::iterator order_pos;
-    // Disk tier (file_id >= 0): the data lives in staging until the write finished, then in the
-    // file; a read (restore or prefetch) brings it into read_staging.
-    int64_t file_id = -1;
-    size_t nbytes = 0;
-    std::optional<HostBlock> staging;
-    std::optional<HostBlock> read_staging;
-    bool write_pending = false;
-    bool read_pending = false;
-    std::string read_error;
   };
+  // The context of a handle's storage: it frees the entry when the handle dies, and tells which
+  // manager a tensor belongs to. Its address is the entry's key.
+  struct HandleContext {
+    std::shared_ptr<Manager> manager;
+  };
+  static void free_handle(void* context);
 
   Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> transfer,
           std::unique_ptr<HostAllocator> allocator);
   DeviceTransfer* transfer_for(c10::Device device) const;
-  at::Tensor make_handle(const HostBlock& block, const at::Tensor& like);
-  void on_handle_freed(const HostBlock& block);
+  static c10::Device with_index(c10::Device device);
+  // The handle for `stored`: a tensor shaped like `like` whose storage is owned by a HandleContext.
+  at::Tensor make_handle(StoredTensor& stored, const at::Tensor& like);
+  // The entry of `handle`, or null for a tensor no manager saved; throws for another manager's
+  // handle and for a view of a handle that holds no data.
+  Entry* find_entry_locked(const at::Tensor& handle, const char* op);
+  void on_handle_freed(const void* key);
   void check_unmodified(const Entry& entry) const;
   void prefetch_before_locked(const Entry& restored, c10::Device device, DeviceTransfer* transfer);
   // Starts the device copy of `entry` that its next restore will take.
   void start_prefetch_locked(Entry& entry, c10::Device device, DeviceTransfer* transfer);
   // The device copy of `host` (the entry's data) for a restore, ordered before compute-stream use.
-  at::Tensor copy_for_restore_locked(Entry& entry, const at::Tensor& host, c10::Device device,
+  at::Tensor copy_for_restore_locked(Entry& entry, const void* host, c10::Device device,
                                      DeviceTransfer* transfer);
+  at::Tensor host_tensor(const Entry& entry, const void* data) const;
   // Counts a restore of `out` from `entry` and prefetches what backward needs next.
   void finish_restore_locked(Entry& entry, const at::Tensor& out, c10::Device device,
                              DeviceTransfer* transfer);
@@ -142,29 +150,18 @@ class Manager : public std::enable_shared_from_this<Manager> {
   static HeldSource take_source_locked(Entry& entry);
   void release_in_stream_order(const HeldSource& held);
 
-  // Disk tier (manager_disk.cpp).
-  at::Tensor save_to_disk(const at::Tensor& x, const at::Tensor& src, DeviceTransfer* transfer);
-  at::Tensor restore_from_disk(const void* key, c10::Device device, DeviceTransfer* transfer,
-                               std::unique_lock<std::mutex>& lock);
-  void start_disk_read_locked(const void* key, Entry& entry);
-  void release_disk_entry(Entry& entry, std::unique_lock<std::mutex>& lock);
-
   const ManagerConfig config_;
   int64_t id_ = 0;
   const bool transfer_for_all_devices_;
   std::shared_ptr<DeviceTransfer> transfer_;
-  std::shared_ptr<HostBufferPool> pool_;
+  std::unique_ptr<HostTier> host_;
+  std::unique_ptr<DiskTier> disk_;  // null without disk_dir
+  std::vector<Tier*> save_tiers_;   // where saves go, first choice first
 
   std::mutex mutex_;
-  std::unordered_map<const void*, Entry> entries_;  // keyed by the handle's data pointer
+  std::unordered_map<const void*, Entry> entries_;  // keyed by the handle's HandleContext
   std::list<const void*> save_order_;               // live entries, oldest first
   OffloadStats counters_;                           // the event counters part of the stats
-
-  std::unique_ptr<DiskStore> disk_;               // null without disk_dir
-  std::shared_ptr<HostBufferPool> staging_pool_;  // disk staging buffers, outside the budget
-  std::condition_variable io_done_;               // signalled with mutex_ when disk IO finishes
-  int64_t pending_writes_ = 0;
-  std::string disk_error_;  // first failed write, reported by the next save
 
   DeferredReleaser releaser_;  // last member: destroyed first, so it drains while all else lives
 };

@@ -70,6 +70,14 @@ def test_in_place_change_after_save_is_an_error(device, manager):
         restore(handle, x.device, manager.id())
 
 
+def test_meta_tensor_is_rejected(manager):
+    # It used to be accepted, and an uninitialised CPU tensor came back.
+    # With the Python package loaded its fake kernel answers first (ValueError); the C++ kernel
+    # alone raises RuntimeError("offload_save: got a meta tensor ...").
+    with pytest.raises(ValueError, match="on the meta device"):
+        save(torch.empty(4, 4, device="meta"), manager.id())
+
+
 def test_unknown_manager_is_an_error():
     with pytest.raises(RuntimeError, match="unknown OffloadManager id 987654"):
         save(torch.ones(2), 987654)

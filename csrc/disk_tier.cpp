@@ -1,0 +1,210 @@
+#include "disk_tier.h"
+
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <optional>
+
+namespace torch_offload {
+
+// One tensor's file. Its state is guarded by the tier's mutex; IO callbacks hold a reference, so
+// the record outlives every IO it queued.
+class DiskStored : public StoredTensor, public std::enable_shared_from_this<DiskStored> {
+ public:
+  DiskStored(DiskTier& tier, HostBlock staging, size_t nbytes)
+      : tier_(tier), file_(tier.store_->new_file(nbytes)), nbytes_(nbytes), staging_(staging) {}
+
+  void* destination() override { return staging_->ptr; }
+  void* handle_data() override { return file_.data; }
+  bool views_restore_as_copies() const override { return false; }
+  const void* resident() override { return nullptr; }
+
+  void commit(FencePtr landed) override {
+    {
+      std::lock_guard<std::mutex> lock(tier_.mutex_);
+      committed_ = true;
+    }
+    auto self = shared_from_this();
+    tier_.store_->write_async(
+        file_.id,
+        [landed] {
+          if (landed) landed->synchronize();
+        },
+        staging_->ptr, nbytes_,
+        [self](const std::string& error, bool disk_full) { self->written(error, disk_full); });
+  }
+
+  void read_ahead() override {
+    std::lock_guard<std::mutex> lock(tier_.mutex_);
+    if (write_pending_ || staging_ || read_pending_ || read_block_) return;
+    try {
+      read_block_ = tier_.acquire_staging(nbytes_, FaultSite::kDiskReadAheadStaging);
+    } catch (const std::exception&) {
+      return;  // no memory for it now: the restore reads the file itself
+    }
+    read_pending_ = true;
+    read_error_.clear();
+    tier_.pending_reads_++;
+    auto self = shared_from_this();
+    tier_.store_->read_async(file_.id, read_block_->ptr, nbytes_,
+                             [self](const std::string& error, bool) { self->read_done(error); });
+  }
+
+  HostBytes bytes_for_restore() override {
+    std::unique_lock<std::mutex> lock(tier_.mutex_);
+    tier_.io_done_.wait(lock, [&] { return !write_pending_ && !read_pending_; });
+    // The write failed: the data never left host memory, and stays there until release().
+    if (staging_) return HostBytes{staging_->ptr, nullptr, false};
+    if (read_block_) {
+      // A read-ahead's buffer serves exactly one restore: take it out of the record.
+      const HostBlock block = *read_block_;
+      read_block_.reset();
+      const bool ok = read_error_.empty();
+      read_error_.clear();
+      if (ok) return HostBytes{block.ptr, give_back(block), true};
+      tier_.staging_pool_->release(block);  // read again below: the error may have been passing
+    }
+    lock.unlock();
+    const HostBlock block = tier_.acquire_staging(nbytes_, FaultSite::kDiskRestoreStaging);
+    const std::string error = tier_.store_->read(file_.id, block.ptr, nbytes_);
+    if (!error.empty()) {
+      tier_.staging_pool_->release(block);
+      TORCH_CHECK(false,
+                  "offload_restore: reading an offloaded tensor back from disk failed: ", error);
+    }
+    return HostBytes{block.ptr, give_back(block), false};
+  }
+
+  std::function<void()> release() override {
+    std::vector<HostBlock> blocks;
+    {
+      std::unique_lock<std::mutex> lock(tier_.mutex_);
+      tier_.io_done_.wait(lock, [&] { return (!committed_ || !write_pending_) && !read_pending_; });
+      if (!committed_) {  // the save failed before its write was queued
+        tier_.pending_writes_--;
+        tier_.io_done_.notify_all();
+      }
+      if (staging_) blocks.push_back(*staging_);
+      if (read_block_) blocks.push_back(*read_block_);
+      staging_.reset();
+      read_block_.reset();
+    }
+    tier_.store_->remove(file_.id);
+    return [pool = tier_.staging_pool_, blocks] {
+      for (const HostBlock& b : blocks) pool->release(b);
+    };
+  }
+
+ private:
+  std::function<void()> give_back(HostBlock block) {
+    return [pool = tier_.staging_pool_, block] { pool->release(block); };
+  }
+
+  void written(const std::string& error, bool disk_full) {
+    std::lock_guard<std::mutex> lock(tier_.mutex_);
+    tier_.pending_writes_--;
+    write_pending_ = false;
+    if (error.empty()) {
+      tier_.staging_pool_->release(*staging_);
+      staging_.reset();
+    } else if (tier_.write_error_.empty()) {
+      tier_.write_error_ = error;  // the data stays in staging_, so nothing is lost
+      tier_.write_error_bytes_ = disk_full ? nbytes_ : 0;
+    }
+    tier_.io_done_.notify_all();
+  }
+
+  void read_done(const std::string& error) {
+    std::lock_guard<std::mutex> lock(tier_.mutex_);
+    tier_.pending_reads_--;
+    read_pending_ = false;
+    read_error_ = error;
+    tier_.io_done_.notify_all();
+  }
+
+  DiskTier& tier_;
+  const DiskStore::NewFile file_;
+  const size_t nbytes_;
+  // Guarded by tier_.mutex_.
+  std::optional<HostBlock> staging_;     // the data until its write succeeded
+  std::optional<HostBlock> read_block_;  // a read-ahead's buffer, until a restore takes it
+  bool committed_ = false;
+  bool write_pending_ = true;  // from reserve until the write ended
+  bool read_pending_ = false;
+  std::string read_error_;
+};
+
+DiskTier::DiskTier(const std::string& directory, int io_threads, int64_t max_writes_in_flight,
+                   std::unique_ptr<HostAllocator> staging_allocator)
+    : max_writes_in_flight_(std::max<int64_t>(1, max_writes_in_flight)),
+      staging_pool_(std::make_shared<HostBufferPool>(std::move(staging_allocator), 0)),
+      store_(std::make_unique<DiskStore>(directory, io_threads)) {}
+
+DiskTier::~DiskTier() = default;
+
+HostBlock DiskTier::acquire_staging(size_t nbytes, FaultSite site) {
+  TORCH_CHECK(!fault_injected(site),
+              "torch_offload: out of host memory for a disk staging buffer of ", nbytes,
+              " bytes (injected by a test)");
+  return staging_pool_->acquire(nbytes);
+}
+
+void DiskTier::check_before_save() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (write_error_.empty()) return;
+  if (write_error_bytes_ > 0 && store_->has_room(write_error_bytes_)) {
+    write_error_.clear();  // the disk was full, and space has been freed since: nothing to report
+    return;
+  }
+  const std::string error = std::move(write_error_);
+  write_error_.clear();
+  TORCH_CHECK(false, "torch_offload: the disk tier failed: ", error,
+              ". Tensors saved before stay in host memory and restore correctly; free space in "
+              "disk_dir or choose another one. Nothing was offloaded by this call.");
+}
+
+std::shared_ptr<StoredTensor> DiskTier::reserve(size_t nbytes, bool /*may_decline*/) {
+  {
+    // Each write in flight holds a staging buffer: bound them like device-to-host copies.
+    std::unique_lock<std::mutex> lock(mutex_);
+    const auto start = std::chrono::steady_clock::now();
+    io_done_.wait(lock, [&] { return pending_writes_ < max_writes_in_flight_; });
+    host_wait_ms_ +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    pending_writes_++;
+  }
+  const auto undo = [this] {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_writes_--;
+    io_done_.notify_all();
+  };
+  std::optional<HostBlock> staging;
+  try {
+    staging = acquire_staging(nbytes, FaultSite::kDiskWriteStaging);
+    return std::make_shared<DiskStored>(*this, *staging, nbytes);
+  } catch (...) {
+    if (staging) staging_pool_->release(*staging);
+    undo();
+    throw;
+  }
+}
+
+void DiskTier::synchronize() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  io_done_.wait(lock, [this] { return pending_writes_ == 0 && pending_reads_ == 0; });
+}
+
+void DiskTier::add_stats(OffloadStats& s) {
+  s.disk_files = store_->files_on_disk();
+  s.disk_bytes_written = store_->bytes_written();
+  s.disk_bytes_read = store_->bytes_read();
+  std::lock_guard<std::mutex> lock(mutex_);
+  s.host_wait_ms += host_wait_ms_;
+}
+
+void DiskTier::reset_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  host_wait_ms_ = 0.0;
+}
+
+}  // namespace torch_offload
