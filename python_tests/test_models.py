@@ -150,6 +150,10 @@ def test_apply_errors():
         torch_offload.apply(model, mode="everything")
     with pytest.raises(ValueError, match="could not find the model's decoder layers"):
         torch_offload.apply(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    layer = model.model.layers[0]
+    with pytest.raises(ValueError, match="the same module more than once"):
+        torch_offload.apply(model, blocks=[layer, layer])
+    assert "forward" not in layer.__dict__  # nothing was wrapped
     torch_offload.apply(model)
     with pytest.raises(ValueError, match="already wrapped"):
         torch_offload.apply(model)

@@ -120,3 +120,13 @@ def test_cpp_training_example_runs():
     result = subprocess.run([str(binary), "2"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "offloaded 12 tensors" in result.stdout
+
+
+def test_cpp_example_reports_a_missing_file_and_exits_nonzero(tmp_path):
+    if not RUN_SCRIPTED.exists():
+        pytest.skip(f"{RUN_SCRIPTED} not built (scripts/build.sh builds it)")
+    missing = tmp_path / "missing.pt"
+    result = subprocess.run([str(RUN_SCRIPTED), str(missing), "8", "16"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 1, result.stderr  # not an abort (-6) from an uncaught c10::Error
+    assert "run_scripted" in result.stderr and "missing.pt" in result.stderr

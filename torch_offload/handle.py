@@ -92,4 +92,7 @@ def blocks_to_wrap(model: nn.Module, blocks) -> List[nn.Module]:
         raise ValueError("torch_offload.apply: blocks is empty")
     if any("_torch_offload_handle" in block.__dict__ for block in blocks):
         raise ValueError("torch_offload.apply: a block is already wrapped; call remove() first")
+    if len({id(block) for block in blocks}) != len(blocks):
+        # Wrapping one module twice would nest the wrappers, and remove() would leave one behind.
+        raise ValueError("torch_offload.apply: blocks lists the same module more than once")
     return blocks

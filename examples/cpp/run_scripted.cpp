@@ -5,17 +5,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 
 #include "torch_library/offload_manager.h"
 
-int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: %s MODEL.pt ROWS COLS\n", argv[0]);
-    return 2;
-  }
-  torch::jit::Module module = torch::jit::load(argv[1]);
+static int run(const char* path, int64_t rows, int64_t cols) {
+  torch::jit::Module module = torch::jit::load(path);
   module.eval();
-  const int64_t rows = std::atoll(argv[2]), cols = std::atoll(argv[3]);
   // The same input the Python test builds: arange, scaled into [0, 1).
   const torch::Tensor input =
       torch::arange(rows * cols, torch::kFloat32).reshape({rows, cols}) / double(rows * cols);
@@ -24,4 +20,17 @@ int main(int argc, char** argv) {
   std::printf("sum %.9e\n", output.sum().item<double>());
   std::printf("bytes_to_host %.0f\n", manager->stats().at("bytes_to_host"));
   return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: %s MODEL.pt ROWS COLS\n", argv[0]);
+    return 2;
+  }
+  try {
+    return run(argv[1], std::atoll(argv[2]), std::atoll(argv[3]));
+  } catch (const std::exception& error) {  // a missing or invalid file, a failing forward
+    std::fprintf(stderr, "%s: %s\n", argv[0], error.what());
+    return 1;
+  }
 }
