@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import torch_offload
 from conftest import DEVICES, assert_same_grads
+from test_models import _steps_match_plain, _tiny_llama
 
 
 class Block(nn.Module):
@@ -270,18 +271,8 @@ def test_debug_true_runs():
 
 # --- Hugging Face: the model's own gradient_checkpointing_enable() path, offloading ----------------
 
-def _tiny_hf_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.1,
-                         max_position_embeddings=128, attn_implementation="sdpa", use_cache=False)
-    return LlamaForCausalLM(config).train()
-
-
 def test_hf_gradient_checkpointing_func_offloads_and_matches_torch():
-    ours, theirs = _tiny_hf_llama(), _tiny_hf_llama()
+    ours, theirs = _tiny_llama("cpu", dropout=0.1), _tiny_llama("cpu", dropout=0.1)
     manager = torch_offload.OffloadManager()
     # The README one-liner (after the model's own gradient_checkpointing_enable()).
     ours.gradient_checkpointing_enable()
@@ -289,15 +280,7 @@ def test_hf_gradient_checkpointing_func_offloads_and_matches_torch():
         torch_offload.checkpoint, manager=manager))
     theirs.gradient_checkpointing_enable()
     assert ours.is_gradient_checkpointing and theirs.is_gradient_checkpointing
-    ids = torch.randint(0, 256, (2, 32))
-    losses = []
-    for model in (ours, theirs):
-        torch.manual_seed(7)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        losses.append(loss)
-    assert torch.equal(*losses)
-    assert_same_grads(ours, theirs)
+    _steps_match_plain(ours, theirs, "cpu", steps=1)
     stats = manager.stats()
     hidden_bytes = 2 * 32 * 64 * 4
     assert stats["saves"] == 3 and stats["bytes_to_host"] == 3 * hidden_bytes

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import torch_offload
 from conftest import DEVICES, assert_same_grads
+from test_models import _steps_match_plain, _tiny_llama
 from torch_offload import policies
 
 torch_sac_attention = functools.partial(create_selective_checkpoint_contexts, policies.attention_save)
@@ -83,31 +83,13 @@ def test_attention_policy_matches_plain_training_without_dropout(device):
     assert_same_grads(ours, plain)
 
 
-def _tiny_llama(dropout):
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, attention_dropout=dropout,
-                         max_position_embeddings=128, attn_implementation="sdpa", use_cache=False)
-    return LlamaForCausalLM(config).train()
-
-
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_llama_apply_selective_matches_hf_with_torch_sac(dropout):
-    ours, theirs = _tiny_llama(dropout), _tiny_llama(dropout)
+    ours, theirs = _tiny_llama("cpu", dropout), _tiny_llama("cpu", dropout)
     handle = torch_offload.apply(ours, "selective", ours.model.layers, policy="attention", min_bytes=0)
     theirs.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
         "use_reentrant": False, "context_fn": torch_sac_attention})
-    ids = torch.randint(0, 256, (2, 32))
-    for _ in range(2):
-        losses = []
-        for model in (ours, theirs):
-            model.zero_grad(set_to_none=True)
-            torch.manual_seed(7)
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            losses.append(loss)
-        assert torch.equal(*losses)
-        assert_same_grads(ours, theirs)
+    _steps_match_plain(ours, theirs, "cpu", steps=2)
     stats = handle.stats()
     hidden = 2 * 32 * 64 * 4
     # With attention dropout, SDPA on CPU runs as math ops (no fused op to offload): inputs only.

@@ -12,9 +12,9 @@ from typing import Optional
 import torch
 
 from . import policies
-from .compile_partitioner import COMPILE_MODES, OffloadPartitioner
+from .compile_partitioner import OffloadPartitioner
 from .manager import OffloadManager
-from .modes.selective import SAVES_PER_BLOCK
+
 
 def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None,
             min_bytes: int = 1 << 20, blocks=None, backend: str = "inductor",
@@ -38,10 +38,6 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
     manager (`.offload_partitioner.manager.stats()`). Other keyword arguments (fullgraph=True,
     dynamic=...) go to torch.compile.
     """
-    if "mode" in compile_kwargs:  # unreachable today (mode is ours), kept for a clear message
-        raise TypeError("torch_offload.compile: pass torch.compile's mode as compile_mode=")
-    if mode not in COMPILE_MODES:
-        raise ValueError(f"torch_offload.compile: unknown mode {mode!r}; expected one of {COMPILE_MODES}")
     policy_fn = policies.resolve(policy, "torch_offload.compile") if mode == "selective" else None
     options = _inductor_options(compile_mode, options, backend)
     # Compiled graphs launch far ahead of the GPU: with saves a layer apart (hidden_states), earlier
@@ -51,8 +47,8 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
     # must prefetch the previous block's three, or backward waits on each copy.
     if manager is None:
         manager = OffloadManager(release_sources_on_save=mode != "all",
-                                 prefetch_depth=SAVES_PER_BLOCK if mode == "selective" else 1)
-    partitioner = OffloadPartitioner(manager, mode, min_bytes)
+                                 prefetch_depth=policies.SAVES_PER_BLOCK if mode == "selective" else 1)
+    partitioner = OffloadPartitioner(manager, mode, min_bytes)  # checks mode before the model changes
     if mode != "all":
         _enable_checkpointing(model, blocks, policy_fn)
     if backend == "inductor":

@@ -39,6 +39,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ._ops import offload_restore, offload_save  # noqa: F401  (registers the fakes)
+from .saved_regions import dense_permutation, inverse_permutation
 
 COMPILE_MODES = ("hidden_states", "selective", "all")
 _SAVE = torch.ops.offload.offload_save.default
@@ -58,13 +59,12 @@ def _fake_like(val: torch.Tensor, device) -> torch.Tensor:
 def _dense_order(val: torch.Tensor):
     """The dimension order in which `val` is contiguous (identity when it is), or None when its
     strides overlap or leave gaps (a transpose or an SDPA output is dense; an expand is not)."""
-    dims = list(range(val.dim()))
     if val.is_contiguous():
-        return dims
+        return list(range(val.dim()))
+    # Decided without guards first: under dynamic shapes the strides are symbols.
     if not torch._prims_common.is_non_overlapping_and_dense_or_false(val):
         return None
-    order = sorted(dims, key=lambda d: (-val.stride(d), -val.size(d)))
-    return order if val.permute(order).is_contiguous() else None
+    return dense_permutation(val)
 
 
 def _permuted(graph: torch.fx.Graph, node: torch.fx.Node, order, val) -> torch.fx.Node:
@@ -159,8 +159,7 @@ class OffloadPartitioner(CustomPartitionerFn):
                 restored = bwd.graph.call_function(_RESTORE, (placeholder, val.device, manager_id))
                 restored.meta["val"] = _fake_like(dense, val.device)
                 # The inverse permutation gives the value back its original strides.
-                inverse = sorted(range(len(order)), key=order.__getitem__)
-                restored = _permuted(bwd.graph, restored, inverse, val)
+                restored = _permuted(bwd.graph, restored, inverse_permutation(order), val)
             placeholder.replace_all_uses_with(restored, delete_user_cb=lambda user: user is not restored
                                               and user not in restored.all_input_nodes)
             placeholder.meta["val"] = _fake_like(dense, "cpu")

@@ -33,6 +33,10 @@ def attention_save(ctx, op, *args, **kwargs):
 
 POLICIES = {"attention": attention, "attention_save": attention_save}
 
+# A block under the "attention" policy saves three tensors (its input, the attention output, the
+# logsumexp): the prefetch depth that keeps backward from waiting on each copy (eager and compiled).
+SAVES_PER_BLOCK = 3
+
 
 def resolve(policy, caller: str):
     """A policy function from a name in POLICIES, a list of ops (kept, as in torch's

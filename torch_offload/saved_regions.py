@@ -21,7 +21,6 @@ copied alone, compacted; only a save of the identical view reuses it.
 """
 import threading
 import weakref
-from typing import Optional
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -29,6 +28,20 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ._ops import offload_restore, offload_save
 
 _ALIGN = 16  # copy ranges start on a multiple of every element size, so any dtype can be rebuilt
+
+
+def dense_permutation(t: torch.Tensor):
+    """The dimension order in which a non-contiguous `t` is contiguous (a transpose, an SDPA
+    output), or None when no order is (overlapping or gapped strides)."""
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))
+    return order if t.permute(order).is_contiguous() else None
+
+
+def inverse_permutation(order) -> list:
+    inverse = [0] * len(order)
+    for position, dim in enumerate(order):
+        inverse[dim] = position
+    return inverse
 
 
 def compact_layout(t: torch.Tensor):
@@ -45,19 +58,15 @@ def compact_layout(t: torch.Tensor):
                 t = t.narrow(dim, 0, 1)
     permutation = None
     if not t.is_contiguous():
-        order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))
-        candidate = t.permute(order)
-        if candidate.is_contiguous():
-            t, permutation = candidate, order
+        permutation = dense_permutation(t)
+        if permutation is not None:
+            t = t.permute(permutation)
     return t, permutation, expanded_sizes
 
 
 def rebuild_layout(restored: torch.Tensor, permutation, expanded_sizes) -> torch.Tensor:
     if permutation is not None:
-        inverse = [0] * len(permutation)
-        for position, dim in enumerate(permutation):
-            inverse[dim] = position
-        restored = restored.permute(inverse)
+        restored = restored.permute(inverse_permutation(permutation))
     if expanded_sizes is not None:
         restored = restored.expand(expanded_sizes)
     return restored

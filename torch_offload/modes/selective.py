@@ -6,14 +6,10 @@ from torch import nn
 
 from ..handle import OffloadHandle, blocks_to_wrap
 from ..manager import OffloadManager
-from ..policies import resolve
+from ..policies import SAVES_PER_BLOCK, resolve
 from ..selective import DEFAULT_MIN_BYTES
 from ..selective import checkpoint as selective_checkpoint
 from .options import MANAGER_OPTIONS, check_options
-
-# A block under the "attention" policy saves three tensors (its input, the attention output, the
-# logsumexp); prefetching that many keeps the backward from waiting on each copy.
-SAVES_PER_BLOCK = 3
 
 
 def apply_selective(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
