@@ -18,19 +18,23 @@ def test_bench_cli_smoke(tmp_path):
     out = tmp_path / "bench.json"
     run = subprocess.run(
         [sys.executable, "-m", "torch_offload.bench", "--model", "tiny", "--device", "cpu", "--seqs", "32",
-         "--warmup", "0", "--steps", "1", "--modes", "none,checkpointing,hidden_states,all", "--min-bytes", "0",
-         "--json", str(out), "--trace", str(tmp_path / "traces"), "--no-progress"],
+         "--warmup", "0", "--steps", "1", "--modes", "none,checkpointing,hidden_states,hidden_states_disk,all",
+         "--min-bytes", "0", "--disk-dir", str(tmp_path), "--json", str(out), "--png", str(tmp_path / "bench.png"), "--trace", str(tmp_path / "traces"), "--no-progress"],
         capture_output=True, text=True, cwd=REPO, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     printed = run.stdout
     result = json.loads(out.read_text())
     assert "| seq | variant | tokens/s | x checkpointing |" in printed
     runs = {r["variant"]: r for r in json.loads(out.read_text())["runs"]}
-    assert set(runs) == {"none", "checkpointing", "hidden_states", "all"}
+    assert set(runs) == {"none", "checkpointing", "hidden_states", "hidden_states_disk", "all"}
     assert all(r["tokens_per_s"] > 0 and "error" not in r for r in runs.values())
     assert runs["checkpointing"]["x_checkpointing"] == 1.0
     assert runs["hidden_states"]["moved_MB"] > 0 and runs["all"]["moved_MB"] > 0
     assert "moved_MB" not in runs["none"]
+    # Through the disk tier, every boundary byte is written and read back.
+    disk = runs["hidden_states_disk"]
+    assert disk["disk_written_MB"] == disk["disk_read_MB"] == pytest.approx(disk["moved_MB"] / 2)
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     trace = json.loads(Path(runs["all"]["trace"]).read_text())
     assert trace["traceEvents"]
     assert result["runs"][0]["seq"] == 32
@@ -47,3 +51,16 @@ def test_benchmark_scripts_use_the_package_helpers():
             "assert c.timed_steps is p.timed_steps and c.build_llama is p.build_llama; print('ok')" % str(REPO))
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert run.returncode == 0 and "ok" in run.stdout, run.stderr
+
+
+def test_plot_command_writes_a_png_from_saved_results(tmp_path):
+    results = {"model": "tiny", "gpu": "cpu", "runs": [
+        {"seq": s, "variant": v, "tokens_per_s": t, "peak_allocated_GB": m}
+        for s, v, t, m in [(32, "checkpointing", 10.0, 1.0), (64, "checkpointing", 8.0, 2.0),
+                           (32, "hidden_states", 9.0, 0.5), (64, "hidden_states", 7.5, 1.0)]]
+        + [{"seq": 64, "variant": "all", "error": "out of memory"}]}  # a failed run is left out
+    (tmp_path / "r.json").write_text(json.dumps(results))
+    run = subprocess.run([sys.executable, "-m", "torch_offload.bench.plot", str(tmp_path / "r.json"),
+                          str(tmp_path / "r.png")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"

@@ -3,7 +3,8 @@
 Trains a random-init LlamaForCausalLM (bf16 on CUDA, fp32 on CPU; SDPA; batch 1) forward+backward
 under each variant at each sequence length, prints a table and optionally writes JSON and, per run
 of our modes, a torch.profiler trace. Variants: none, checkpointing (torch's, non-reentrant), and
-our modes hidden_states, all, sync, disk. Examples:
+our modes hidden_states, hidden_states_disk (hidden_states through the disk tier), all, sync, disk.
+Examples:
 
     python -m torch_offload.bench --modes checkpointing,hidden_states --seqs 16384,32768 --json r.json
     python -m torch_offload.bench --model tiny --device cpu --seqs 64 --steps 1   # smoke test
@@ -16,12 +17,13 @@ from pathlib import Path
 import torch
 
 from .common import build_llama, gpu_name, new_result, table
+from .plot import plot
 from .runner import MODES, SHAPES, VARIANTS, add_ratios, run
 
 COLUMNS = [("tokens/s", "tokens_per_s", "{:.0f}"), ("x checkpointing", "x_checkpointing", "{:.3f}"),
            ("peak allocated GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
            ("moved MB/step", "moved_MB", "{:.1f}"), ("compute wait ms/step", "compute_wait_ms", "{:.1f}"),
-           ("host wait ms/step", "host_wait_ms", "{:.1f}")]
+           ("host wait ms/step", "host_wait_ms", "{:.1f}"), ("disk read MB/step", "disk_read_MB", "{:.1f}")]
 
 
 def parse_args(argv=None):
@@ -36,8 +38,9 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     parser.add_argument("--min-bytes", type=int, default=None, help="min_bytes of all/sync/disk (default apply()'s)")
-    parser.add_argument("--disk-dir", default=None, help="disk_dir of the disk mode")
+    parser.add_argument("--disk-dir", default=None, help="disk_dir of the disk and hidden_states_disk modes (default: the temp dir)")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--png", default=None, help="write a plot of peak memory and tokens/s here (matplotlib)")
     parser.add_argument("--trace", default=None, help="folder for one profiler trace per run of our modes")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -87,6 +90,9 @@ def main(argv=None) -> dict:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json}")
+    if args.png:
+        plot(result, args.png)
+        print(f"wrote {args.png}")
     return result
 
 

@@ -1,5 +1,7 @@
 """One benchmark run: a variant (no checkpointing, torch's gradient checkpointing, or one of our
 modes) trained forward+backward at one sequence length, timed, with the engine's traffic."""
+import tempfile
+
 import torch
 
 from ..apply import apply
@@ -7,7 +9,8 @@ from .common import LLAMA3_8B, REFERENCE, TINY, release_memory, timed_steps
 
 SHAPES = {"reference": REFERENCE, "llama3-8b": LLAMA3_8B, "tiny": TINY}
 BASELINES = ("none", "checkpointing")
-MODES = ("hidden_states", "all", "sync", "disk")
+# hidden_states_disk: hidden_states through the disk tier (disk_only=True), for hosts short of RAM.
+MODES = ("hidden_states", "hidden_states_disk", "all", "sync", "disk")
 VARIANTS = BASELINES + MODES
 _TAKES_MIN_BYTES = ("all", "sync", "disk")
 
@@ -27,7 +30,9 @@ def run(model, variant: str, seq: int, device: str, warmup: int, steps: int, opt
         elif variant != "none":
             mode_options = {k: v for k, v in options.items()
                             if v is not None and (k != "min_bytes" or variant in _TAKES_MIN_BYTES)}
-            handle = apply(model, variant, **mode_options)
+            if variant == "hidden_states_disk":
+                mode_options.update(disk_dir=mode_options.get("disk_dir") or tempfile.gettempdir(), disk_only=True)
+            handle = apply(model, variant.removesuffix("_disk"), **mode_options)
 
         def step():
             model.zero_grad(set_to_none=True)
@@ -45,6 +50,9 @@ def run(model, variant: str, seq: int, device: str, warmup: int, steps: int, opt
             row["moved_MB"] = (per_step["bytes_to_host"] + per_step["bytes_to_device"]) / 2**20
             row["compute_wait_ms"] = per_step.get("compute_wait_ms")
             row["host_wait_ms"] = per_step.get("host_wait_ms")
+            if per_step.get("disk_bytes_written"):
+                row["disk_written_MB"] = per_step["disk_bytes_written"] / 2**20
+                row["disk_read_MB"] = per_step["disk_bytes_read"] / 2**20
         if trace_path is not None:
             _trace(step, device, trace_path)
             row["trace"] = str(trace_path)
