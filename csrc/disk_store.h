@@ -57,6 +57,8 @@ class DiskStore {
   int64_t files_on_disk() const;
   int64_t bytes_written() const;
   int64_t bytes_read() const;
+  // Of bytes_read(), those the page cache served; -1 where that cannot be known.
+  int64_t bytes_read_from_page_cache() const;
 
   // Test hook: the next writes fail as if the disk were full.
   void simulate_full_disk(bool full);
@@ -71,6 +73,7 @@ class DiskStore {
   int create_unnamed_file();
   std::string write_file(int64_t id, const void* data, size_t size, bool* full);
   std::string describe(int64_t id) const;
+  size_t read_cached_prefix(int fd, char* data, size_t size);
   void run();
   void stop_threads();
   void close_all();  // the destructor's work; safe to call twice
@@ -87,6 +90,8 @@ class DiskStore {
   int64_t next_id_ = 0;
   int64_t bytes_written_ = 0;
   int64_t bytes_read_ = 0;
+  int64_t bytes_read_cached_ = 0;
+  bool page_cache_share_known_ = true;
   bool simulate_full_ = false;
   bool stopping_ = false;
   std::vector<std::thread> threads_;

@@ -198,6 +198,7 @@ void DiskTier::add_stats(OffloadStats& s) {
   s.disk_files = store_->files_on_disk();
   s.disk_bytes_written = store_->bytes_written();
   s.disk_bytes_read = store_->bytes_read();
+  s.disk_bytes_read_from_page_cache = store_->bytes_read_from_page_cache();
   std::lock_guard<std::mutex> lock(mutex_);
   s.host_wait_ms += host_wait_ms_;
 }

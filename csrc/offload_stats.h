@@ -25,6 +25,7 @@ struct OffloadStats {
   int64_t disk_files = 0;  // files currently in the disk tier
   int64_t disk_bytes_written = 0;
   int64_t disk_bytes_read = 0;
+  int64_t disk_bytes_read_from_page_cache = 0;  // of disk_bytes_read; -1 where unknown
   int64_t spills = 0;  // tensors sent to disk because the host budget was full
   bool pinned = false;
   double compute_wait_ms = 0.0;  // compute stream stalled waiting for copies
@@ -49,6 +50,7 @@ struct OffloadStats {
             {"disk_files", double(disk_files)},
             {"disk_bytes_written", double(disk_bytes_written)},
             {"disk_bytes_read", double(disk_bytes_read)},
+            {"disk_bytes_read_from_page_cache", double(disk_bytes_read_from_page_cache)},
             {"spills", double(spills)},
             {"pinned", pinned ? 1.0 : 0.0},
             {"compute_wait_ms", compute_wait_ms},

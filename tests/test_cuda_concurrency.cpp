@@ -27,7 +27,9 @@ namespace {
 
 const c10::Device kGpu(c10::kCUDA, 0);
 
-at::TensorOptions gpu(at::ScalarType dtype = at::kFloat) { return at::TensorOptions().device(kGpu).dtype(dtype); }
+at::TensorOptions gpu(at::ScalarType dtype = at::kFloat) {
+  return at::TensorOptions().device(kGpu).dtype(dtype);
+}
 
 enum class Tier { kHost, kDisk };
 
@@ -114,7 +116,9 @@ TEST_P(CudaConcurrencyTest, OneHandleRestoredFromEightThreadsGivesItsDataEveryTi
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, CudaConcurrencyTest, ::testing::Values(Tier::kHost, Tier::kDisk),
-                         [](const auto& info) { return info.param == Tier::kHost ? "Host" : "Disk"; });
+                         [](const auto& info) {
+                           return info.param == Tier::kHost ? "Host" : "Disk";
+                         });
 
 #endif  // TORCH_OFFLOAD_WITH_CUDA
 
