@@ -59,6 +59,7 @@ class DiskStore {
   int64_t bytes_read() const;
   // Of bytes_read(), those the page cache served; -1 where that cannot be known.
   int64_t bytes_read_from_page_cache() const;
+  double checksum_ms() const;  // IO-thread time spent computing and verifying checksums
 
   // Test hook: the next writes fail as if the disk were full.
   void simulate_full_disk(bool full);
@@ -74,6 +75,7 @@ class DiskStore {
   std::string write_file(int64_t id, const void* data, size_t size, bool* full);
   std::string describe(int64_t id) const;
   size_t read_cached_prefix(int fd, char* data, size_t size);
+  FileChecksum timed_checksum(const void* data, size_t size);
   void run();
   void stop_threads();
   void close_all();  // the destructor's work; safe to call twice
@@ -92,6 +94,7 @@ class DiskStore {
   int64_t bytes_read_ = 0;
   int64_t bytes_read_cached_ = 0;
   bool page_cache_share_known_ = true;
+  double checksum_ms_ = 0.0;
   bool simulate_full_ = false;
   bool stopping_ = false;
   std::vector<std::thread> threads_;

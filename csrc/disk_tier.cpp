@@ -199,6 +199,7 @@ void DiskTier::add_stats(OffloadStats& s) {
   s.disk_bytes_written = store_->bytes_written();
   s.disk_bytes_read = store_->bytes_read();
   s.disk_bytes_read_from_page_cache = store_->bytes_read_from_page_cache();
+  s.disk_checksum_ms = store_->checksum_ms();
   std::lock_guard<std::mutex> lock(mutex_);
   s.host_wait_ms += host_wait_ms_;
 }

@@ -28,8 +28,9 @@ struct OffloadStats {
   int64_t disk_bytes_read_from_page_cache = 0;  // of disk_bytes_read; -1 where unknown
   int64_t spills = 0;  // tensors sent to disk because the host budget was full
   bool pinned = false;
-  double compute_wait_ms = 0.0;  // compute stream stalled waiting for copies
-  double host_wait_ms = 0.0;     // host thread blocked by the in-flight bound
+  double compute_wait_ms = 0.0;   // compute stream stalled waiting for copies
+  double host_wait_ms = 0.0;      // host thread blocked by the in-flight bound
+  double disk_checksum_ms = 0.0;  // IO-thread time computing/verifying the disk files' CRC32C
 
   // Flat name/value view used by the TorchScript class and the Python API.
   std::vector<std::pair<std::string, double>> items() const {
@@ -54,7 +55,8 @@ struct OffloadStats {
             {"spills", double(spills)},
             {"pinned", pinned ? 1.0 : 0.0},
             {"compute_wait_ms", compute_wait_ms},
-            {"host_wait_ms", host_wait_ms}};
+            {"host_wait_ms", host_wait_ms},
+            {"disk_checksum_ms", disk_checksum_ms}};
   }
 };
 

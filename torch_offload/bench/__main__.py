@@ -24,7 +24,7 @@ COLUMNS = [("tokens/s", "tokens_per_s", "{:.0f}"), ("x checkpointing", "x_checkp
            ("peak allocated GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
            ("moved MB/step", "moved_MB", "{:.1f}"), ("compute wait ms/step", "compute_wait_ms", "{:.1f}"),
            ("host wait ms/step", "host_wait_ms", "{:.1f}"), ("disk read MB/step", "disk_read_MB", "{:.1f}"),
-           ("read from page cache", "page_cache_share", "{:.2f}")]
+           ("read from page cache", "page_cache_share", "{:.2f}"), ("checksum ms/step", "checksum_ms", "{:.1f}")]
 
 
 def parse_args(argv=None):

@@ -53,6 +53,7 @@ def run(model, variant: str, seq: int, device: str, warmup: int, steps: int, opt
             if per_step.get("disk_bytes_written"):
                 row["disk_written_MB"] = per_step["disk_bytes_written"] / 2**20
                 row["disk_read_MB"] = per_step["disk_bytes_read"] / 2**20
+                row["checksum_ms"] = per_step["disk_checksum_ms"]
                 if after.get("disk_bytes_read_from_page_cache", -1) >= 0 and per_step["disk_bytes_read"]:
                     row["page_cache_share"] = per_step["disk_bytes_read_from_page_cache"] / per_step["disk_bytes_read"]
         if trace_path is not None:
