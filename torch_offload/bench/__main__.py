@@ -39,6 +39,8 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     parser.add_argument("--min-bytes", type=int, default=None, help="min_bytes of all/sync/disk (default apply()'s)")
+    parser.add_argument("--prefetch-depth", type=int, default=None, help="prefetch_depth of our modes (default apply()'s)")
+    parser.add_argument("--max-in-flight", type=int, default=None, help="max_in_flight of our modes (default apply()'s)")
     parser.add_argument("--disk-dir", default=None, help="disk_dir of the disk and hidden_states_disk modes (default: the temp dir)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--png", default=None, help="write a plot of peak memory and tokens/s here (matplotlib)")
@@ -70,7 +72,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     result = new_result(args, model=args.model, device=args.device)
     model = build_llama(args.config, args.device, max(args.seq_list))
-    options = {"min_bytes": args.min_bytes, "disk_dir": args.disk_dir}
+    options = {"min_bytes": args.min_bytes, "disk_dir": args.disk_dir, "prefetch_depth": args.prefetch_depth,
+               "max_in_flight": args.max_in_flight}
     trace_dir = Path(args.trace) if args.trace else None
     if trace_dir is not None:
         trace_dir.mkdir(parents=True, exist_ok=True)
