@@ -20,7 +20,12 @@ struct ManagerConfig {
   // "disk" mode); otherwise tensors that would exceed host_budget_bytes spill there.
   std::string disk_dir;
   bool disk_only = false;
-  int64_t io_threads = 2;
+  // Threads writing and reading the disk tier's files: each write and read is a CPU copy into or
+  // out of the page cache plus a checksum, so several run in parallel to keep up with the GPU.
+  int64_t io_threads = 4;
+  // Files read into host memory ahead of their restore, in backward order (at least
+  // prefetch_depth; none when prefetch_depth is 0): a file read takes longer than a device copy.
+  int64_t disk_read_ahead = 3;
   // Each save first makes the compute stream wait for the copies of earlier saves and releases
   // their sources in stream order. For saves a layer apart (checkpoint boundaries, compiled graphs
   // whose host runs far ahead of the GPU) the wait is free and the memory is reusable at once;

@@ -4,6 +4,7 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <tuple>
 
 #include "manager.h"
@@ -147,18 +148,21 @@ void Manager::start_prefetch_locked(Entry& entry, c10::Device device, DeviceTran
 void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
                                      DeviceTransfer* transfer) {
   // Backward restores in reverse save order: the entries saved just before this one come next.
-  int64_t budget = config_.prefetch_depth;
-  for (auto pos = restored.order_pos; budget > 0 && pos != save_order_.begin();) {
+  int64_t copies = config_.prefetch_depth;
+  int64_t reads = copies > 0 ? std::max(copies, config_.disk_read_ahead) : 0;
+  for (auto pos = restored.order_pos; (copies > 0 || reads > 0) && pos != save_order_.begin();) {
     --pos;
     Entry& candidate = entries_.at(*pos);
     if (candidate.restored || candidate.source_device != device) continue;
     if (candidate.stored->resident() == nullptr) {  // bytes not in host memory: read ahead
-      budget--;
-      candidate.stored->read_ahead();
+      if (reads > 0) {
+        reads--;
+        candidate.stored->read_ahead();
+      }
       continue;
     }
-    if (transfer == nullptr) continue;
-    budget--;
+    if (transfer == nullptr || copies <= 0) continue;
+    copies--;
     if (!candidate.prefetched.defined()) start_prefetch_locked(candidate, device, transfer);
   }
 }

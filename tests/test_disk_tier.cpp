@@ -238,6 +238,27 @@ TEST_F(DiskHandleTest, ADiskHandleReadsAsItsDataOnceWritten) {
   EXPECT_TRUE(at::equal(manager->restore(h, kCPU), x));
 }
 
+// Backward reads files further ahead than it copies to the device (a file read is the slower
+// step): restoring the last of six saves with prefetch_depth 1 reads it and the three before it.
+TEST_F(DiskHandleTest, BackwardReadsFilesDiskReadAheadDeep) {
+  ManagerConfig config = config_for(TierKind::kDisk, dir_.path());
+  config.prefetch_depth = 1;
+  auto manager = Manager::create(config);
+  std::vector<at::Tensor> xs, hs;
+  for (int i = 0; i < 6; ++i) {
+    xs.push_back(values(1000, i));
+    hs.push_back(manager->save(xs.back()));
+  }
+  manager->synchronize();
+  EXPECT_TRUE(at::equal(manager->restore(hs[5], kCPU), xs[5]));
+  manager->synchronize();
+  const int64_t file_bytes = 1000 * 4;
+  EXPECT_EQ(manager->stats().disk_bytes_read, (1 + config.disk_read_ahead) * file_bytes);
+  for (int i = 4; i >= 0; --i) EXPECT_TRUE(at::equal(manager->restore(hs[i], kCPU), xs[i])) << i;
+  EXPECT_EQ(manager->stats().prefetch_hits, 5);
+  EXPECT_EQ(manager->stats().disk_bytes_read, 6 * file_bytes);
+}
+
 // The fake kernel (torch_offload/_ops.py) says a handle is contiguous; a disk handle had stride 0.
 TEST_F(DiskHandleTest, ADiskHandleIsContiguousLikeTheFakeKernelSays) {
   auto manager = Manager::create(config_for(TierKind::kDisk, dir_.path()));
