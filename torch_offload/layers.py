@@ -142,7 +142,8 @@ class LayerOffloadHandle:
             self.layers[index].prefetch()
 
     def remove(self) -> None:
-        """Moves the frozen weights back to their devices and unwraps the layers."""
+        """Moves the frozen weights back to their devices, exactly as they were (restored through
+        the engine, whatever tier holds them), and unwraps the layers."""
         for hook in self._hook_handles:
             hook.remove()
         self._hook_handles = []
@@ -151,7 +152,7 @@ class LayerOffloadHandle:
             set_forward(layer.block, layer.previous_forward)
             layer.block.__dict__.pop(_WRAPPED, None)
             for w in layer.weights:
-                w.param.data = w.handle.to(w.device, copy=True)
+                w.param.data = w.restore()
                 w.handle = None
         self.layers = []
 
