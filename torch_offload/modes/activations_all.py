@@ -27,7 +27,7 @@ def _apply_activations(mode: str, model: nn.Module, blocks, manager, options: di
     hooks = offload_activations(mode, manager=manager, keep=resident_tensors(model), warn_on_exit=False,
                                 **options)
     handle = OffloadHandle(model, mode, hooks.manager)
-    handle.on_remove(*watch_model_steps(model, hooks.counts, hooks.min_bytes))
+    handle.on_remove(*watch_model_steps(model, hooks))
     for block in blocks[:-1]:  # the last block feeds the LM head right away: keep it resident
         handle.wrap(_HookedForward(block, hooks))
     handle.disable_hf_checkpointing()  # offloaded activations need no recompute
