@@ -62,13 +62,6 @@ class BlockForward(NotPicklable):
         return copy_attributes(self, memo)
 
 
-def current_forward(block: nn.Module):
-    """The forward a new wrapper goes around: an instance-level wrapper installed earlier (layer
-    offloading installs one that must run inside checkpointing and activation hooks), else the
-    class's own forward."""
-    return block.__dict__.get("forward") or type(block).forward.__get__(block)
-
-
 def set_forward(block: nn.Module, forward) -> None:
     """Installs `forward` (a wrapper), or with None goes back to the class's forward."""
     if forward is None:
