@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <cstring>
 #include <optional>
 
 namespace torch_offload {
@@ -101,6 +102,10 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
   }
 
   void written(const std::string& error, bool disk_full) {
+    // A failed write keeps the data in staging_ for restores; the handle (the file mapped
+    // copy-on-write) must read as the tensor too: layer offloading makes it a parameter's data.
+    // No lock needed: staging_ is only dropped once write_pending_ is false.
+    if (!error.empty() && nbytes_ > 0) std::memcpy(file_.data, staging_->ptr, nbytes_);
     std::lock_guard<std::mutex> lock(tier_.mutex_);
     tier_.pending_writes_--;
     write_pending_ = false;

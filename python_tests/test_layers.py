@@ -99,17 +99,49 @@ def test_no_weight_copy_outlives_its_use(device, mode):
         assert stats["prefetch_hits"] >= 2 * len(handle.layers[0].weights) * (len(handle.layers) - 1)
 
 
-def test_weights_round_trip_through_state_dict_and_remove():
-    plain = _frozen_base_llama("cpu")
-    ours = copy.deepcopy(plain)
-    handle = torch_offload.offload_layers(ours)
+def _assert_same_state(ours, plain):
     assert list(ours.state_dict()) == list(plain.state_dict())
     for (name, a), (_, b) in zip(ours.state_dict().items(), plain.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+# Frozen weights of _frozen_base_llama's layers: q, k, v, o, gate, up, down of 3 layers (fp32).
+FROZEN_BYTES = 3 * 4 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128)
+LAST_WEIGHT_BYTES = 4 * 64 * 128  # layers.2.mlp.down_proj, saved last
+
+
+@pytest.mark.parametrize("tier", ["host", "disk"])
+def test_weights_round_trip_through_state_dict_and_remove(tier, tmp_path):
+    # With a host budget of a quarter of the weights, the rest spills to the disk tier.
+    options = {"host_budget_bytes": FROZEN_BYTES // 4, "disk_dir": str(tmp_path)} if tier == "disk" else {}
+    plain = _frozen_base_llama("cpu")
+    ours = copy.deepcopy(plain)
+    handle = torch_offload.offload_layers(ours, manager=torch_offload.OffloadManager(**options))
+    assert (handle.stats()["spills"] > 0) == (tier == "disk")
+    _assert_same_state(ours, plain)
     handle.remove()
     assert all("forward" not in block.__dict__ for block in ours.model.layers)
+    _assert_same_state(ours, plain)
     _steps_match_plain(ours, plain, "cpu", steps=1)
     assert handle.stats()["live_handles"] == 0
+
+
+def test_a_failed_disk_write_keeps_state_dict_and_remove_exact(tmp_path):
+    # Only the last weight spills, and its write fails: no later save reports the error, so
+    # offload_layers succeeds with that weight's data in host memory. Its parameter read as the
+    # zeros of the reserved file: state_dict() and remove() gave zeros for the weight.
+    manager = torch_offload.OffloadManager(host_budget_bytes=FROZEN_BYTES - LAST_WEIGHT_BYTES,
+                                           disk_dir=str(tmp_path))
+    plain = _frozen_base_llama("cpu")
+    ours = copy.deepcopy(plain)
+    manager._simulate_full_disk(True)
+    handle = torch_offload.offload_layers(ours, manager=manager)
+    assert handle.stats()["spills"] == 1
+    _assert_same_state(ours, plain)
+    handle.remove()
+    manager._simulate_full_disk(False)
+    _assert_same_state(ours, plain)
+    _steps_match_plain(ours, plain, "cpu", steps=1)
 
 
 def test_frozen_weight_modified_in_place_is_an_error():

@@ -259,6 +259,18 @@ TEST_F(DiskHandleTest, BackwardReadsFilesDiskReadAheadDeep) {
   EXPECT_EQ(manager->stats().disk_bytes_read, 6 * file_bytes);
 }
 
+// A failed write keeps the data in host memory; the handle read as the zeros of the reserved
+// file, so a frozen weight installed from it (offload_layers) was silently zero.
+TEST_F(DiskHandleTest, ADiskHandleWhoseWriteFailedStillReadsAsItsData) {
+  auto manager = Manager::create(config_for(TierKind::kDisk, dir_.path()));
+  manager->simulate_full_disk(true);
+  const at::Tensor x = values(3000, 7).reshape({60, 50});
+  const at::Tensor h = manager->save(x);
+  manager->synchronize();
+  EXPECT_TRUE(at::equal(h, x));
+  EXPECT_TRUE(at::equal(manager->restore(h, kCPU), x));
+}
+
 // The fake kernel (torch_offload/_ops.py) says a handle is contiguous; a disk handle had stride 0.
 TEST_F(DiskHandleTest, ADiskHandleIsContiguousLikeTheFakeKernelSays) {
   auto manager = Manager::create(config_for(TierKind::kDisk, dir_.path()));

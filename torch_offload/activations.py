@@ -11,8 +11,10 @@ budget spill to disk instead of failing.
 In every mode a storage region saved several times (a linear's input for q/k/v, a tensor and its
 transpose) is copied once and restored once per backward (saved_regions.py).
 """
+import copy
 import os
 import tempfile
+import weakref
 from typing import Callable, Iterable, Optional
 
 import torch
@@ -25,6 +27,7 @@ try:  # DTensor (tensor parallel / FSDP2 shards): offload the local shard, rebui
 except ImportError:  # torch built without distributed
     DTensor = None
 from . import node_budget, weight_tokens
+from .copies import NotPicklable
 from .empty_steps import StepCounts
 from .manager import OffloadManager, register_stats_source
 from .manager import reset_stats as manager_reset_stats
@@ -105,7 +108,7 @@ def kept_storages(keep: Iterable[torch.Tensor]) -> dict:
     return refs
 
 
-class offload_activations(torch.autograd.graph.saved_tensors_hooks):
+class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks):
     """Context manager: tensors that autograd saves inside it are offloaded.
 
     Kept on the device: parameters, leaves that require grad and views of either (so the unsharded
@@ -118,7 +121,11 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
     ready `manager`. `on_offload(t)` is called with each tensor offloaded (modules mode counts them).
     Leaving the context after tensors were saved but none offloaded warns once, saying why
     (NothingOffloadedWarning; apply() checks each training step instead: warn_on_exit=False).
+    copy.deepcopy gives hooks on a copy of the manager (fresh, same configuration) that keep the
+    copies of the `keep` tensors (a deep copy of a model maps them to the copy's weights).
     """
+
+    _pickled_what = "its saved-tensor hooks (offload_activations)"
 
     def __init__(
         self,
@@ -152,6 +159,10 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
         self.manager = manager
         self.counts = counts = StepCounts()
         self.warn_on_exit = warn_on_exit
+        # For __deepcopy__; weak, as kept_storages' references (FSDP2 must free what it replaces).
+        keep = list(keep)
+        self._keep = [weakref.ref(t) for t in keep]
+        self._on_offload = on_offload
         manager_id = manager.id()
         min_bytes = self.min_bytes
         # Storages that stay resident whatever views of them autograd saves (model weights, buffers).
@@ -232,6 +243,18 @@ class offload_activations(torch.autograd.graph.saved_tensors_hooks):
             return restored
 
         super().__init__(pack, unpack)
+
+    def __deepcopy__(self, memo):
+        """Hooks like these for a copy of the model: the pack/unpack closures hold the manager id
+        and the kept storages, so they are built again, not copied."""
+        keep = [copy.deepcopy(t, memo) for t in (ref() for ref in self._keep) if t is not None]
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        offload_activations.__init__(new, self.mode, min_bytes=self.min_bytes,
+                                     manager=copy.deepcopy(self.manager, memo), keep=keep,
+                                     on_offload=copy.deepcopy(self._on_offload, memo),
+                                     warn_on_exit=self.warn_on_exit)
+        return new
 
     def __enter__(self):
         super().__enter__()

@@ -1,7 +1,10 @@
-"""Finding a model's repeated blocks (the decoder layers), and the forward a wrapper should call."""
+"""Finding a model's repeated blocks (the decoder layers), and the forwards we install on them."""
 from typing import List
 
+import torch
 from torch import nn
+
+from .copies import NotPicklable, copy_attributes
 
 # Attribute paths where Hugging Face decoder-only models keep their layer stack (PEFT models wrap
 # them twice: PeftModel.base_model.model is the transformers model).
@@ -31,11 +34,32 @@ def find_blocks(model: nn.Module) -> List[nn.Module]:
     )
 
 
-def current_forward(block: nn.Module):
-    """The forward a new wrapper goes around: an instance-level wrapper installed earlier (layer
-    offloading installs one that must run inside checkpointing and activation hooks), else the
-    class's own forward."""
-    return block.__dict__.get("forward") or type(block).forward.__get__(block)
+class BlockForward(NotPicklable):
+    """A forward that apply() or offload_layers() installs on a block (base class; subclasses
+    define __call__). An object, not a closure: copy.deepcopy(model) then binds the copy's wrapper
+    to the copy's block and the copy's inner wrapper (copies.py), so the copy computes with its
+    own weights."""
+
+    _pickled_what = "the forward wrapper of a block"
+
+    def __init__(self, block: nn.Module):
+        self.block = block
+        # The forward this one goes around: an instance-level wrapper installed earlier (layer
+        # offloading's, which must run inside checkpointing and activation hooks), else the class's.
+        self.inner = block.__dict__.get("forward")
+        self.class_forward = type(block).forward
+
+    def run(self, *args, **kwargs):
+        """Calls the wrapped forward."""
+        if self.inner is not None:
+            return self.inner(*args, **kwargs)
+        return self.class_forward(self.block, *args, **kwargs)
+
+    def training_with_grad(self) -> bool:
+        return self.block.training and torch.is_grad_enabled()
+
+    def __deepcopy__(self, memo):
+        return copy_attributes(self, memo)
 
 
 def set_forward(block: nn.Module, forward) -> None:

@@ -40,17 +40,26 @@ class StepCounts:
                       NothingOffloadedWarning, stacklevel=3)
 
 
-def watch_model_steps(model: nn.Module, counts: StepCounts, min_bytes: int) -> list:
-    """Checks each training forward of `model` (grad enabled) with counts.warn_if_nothing_offloaded.
-    Returns the hook handles (remove() them to stop)."""
-    since = {}
+class _StepWatcher:
+    """Forward pre-hook and hook of the model: the hooks' counts before and after each training
+    forward. An object holding the hooks (not a closure), so a deep copy of the model watches the
+    copy's hooks (copies.py)."""
 
-    def before(module, args):
-        since["counts"] = counts.snapshot()
+    def __init__(self, hooks):
+        self.hooks = hooks  # offload_activations: .counts and .min_bytes
+        self.since = None
 
-    def after(module, args, output):
-        start = since.pop("counts", None)
+    def before(self, module, args):
+        self.since = self.hooks.counts.snapshot()
+
+    def after(self, module, args, output):
+        start, self.since = self.since, None
         if start is not None and module.training and torch.is_grad_enabled():
-            counts.warn_if_nothing_offloaded(start, min_bytes)
+            self.hooks.counts.warn_if_nothing_offloaded(start, self.hooks.min_bytes)
 
-    return [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
+
+def watch_model_steps(model: nn.Module, hooks) -> list:
+    """Checks each training forward of `model` (grad enabled) with warn_if_nothing_offloaded of
+    `hooks` (offload_activations). Returns the hook handles (remove() them to stop)."""
+    watcher = _StepWatcher(hooks)
+    return [model.register_forward_pre_hook(watcher.before), model.register_forward_hook(watcher.after)]

@@ -1,15 +1,22 @@
 """OffloadHandle: what apply() returns, and how it undoes what apply() changed."""
 import warnings
-from typing import Callable, List
+import weakref
+from typing import List
 
 from torch import nn
 
-from .blocks import current_forward, find_blocks, set_forward
+from .blocks import BlockForward, find_blocks, set_forward
+from .copies import NotPicklable, copy_attributes
 
 
-class OffloadHandle:
+class OffloadHandle(NotPicklable):
     """What apply() returns: the manager in use and its statistics, the layer offloading
-    (`layers`, when asked for) and the modules-mode report, and remove() to undo apply()."""
+    (`layers`, when asked for) and the modules-mode report, and remove() to undo apply().
+
+    Everything remove() needs is data (wrappers, hook handles, (object, attribute, value) to put
+    back), not closures: copy.deepcopy((model, handle)) gives the copy's handle (copies.py)."""
+
+    _pickled_what = "its OffloadHandle"
 
     def __init__(self, model: nn.Module, mode, manager, layers=None, modules=None):
         self.model = model
@@ -17,9 +24,16 @@ class OffloadHandle:
         self.manager = manager
         self.layers = layers  # LayerOffloadHandle with layer_offloading=True
         self.modules = modules  # ModuleOffloadHandle in "modules" mode
-        self.blocks: List[nn.Module] = []
-        self._previous_forwards = []
-        self._undo: List[Callable[[], None]] = []  # puts back model state apply() changed
+        self._wrappers: List[BlockForward] = []
+        self._hook_handles = []  # torch.utils.hooks.RemovableHandle
+        self._attributes = []  # (object, name, value apply() changed it from)
+
+    @property
+    def blocks(self) -> List[nn.Module]:
+        return [wrapper.block for wrapper in self._wrappers]
+
+    def __deepcopy__(self, memo):
+        return copy_attributes(self, memo)
 
     def stats(self) -> dict:
         """Statistics of the activation manager merged with its saved-tensor hooks' counters
@@ -35,35 +49,32 @@ class OffloadHandle:
         return self.modules.report()
 
     def remove(self) -> None:
-        for block, previous in zip(self.blocks, self._previous_forwards):
-            set_forward(block, previous)
-            block.__dict__.pop("_torch_offload_handle", None)
-        self.blocks, self._previous_forwards = [], []
+        for wrapper in self._wrappers:
+            set_forward(wrapper.block, wrapper.inner)
+            wrapper.block.__dict__.pop("_torch_offload_handle", None)
+        self._wrappers = []
         if self.modules is not None:
             self.modules.remove()
         if self.layers is not None:
             self.layers.remove()
             self.layers = None
-        while self._undo:
-            self._undo.pop()()
+        for hook in self._hook_handles:
+            hook.remove()
+        self._hook_handles = []
+        while self._attributes:
+            setattr(*self._attributes.pop())
 
     def on_remove(self, *hook_handles) -> None:
         """remove() also removes these hooks (torch.utils.hooks.RemovableHandle)."""
-        self._undo.extend(h.remove for h in hook_handles)
+        self._hook_handles.extend(hook_handles)
 
     def disable_hf_checkpointing(self) -> None:
         """Turns a Hugging Face model's own gradient checkpointing off (ours replaces it, or the
         mode needs no recompute); remove() turns it back on with the same checkpoint function."""
-        flags = [(m, m.gradient_checkpointing) for m in self.model.modules()
-                 if getattr(m, "gradient_checkpointing", False) is True]
-        for module, _ in flags:
-            module.gradient_checkpointing = False
-
-        def restore():
-            for module, flag in flags:
-                module.gradient_checkpointing = flag
-
-        self._undo.append(restore)
+        for module in self.model.modules():
+            if getattr(module, "gradient_checkpointing", False) is True:
+                self._attributes.append((module, "gradient_checkpointing", True))
+                module.gradient_checkpointing = False
 
     def disable_kv_cache(self) -> None:
         """Sets a Hugging Face config's use_cache=False (a KV cache cannot be filled by a recomputed
@@ -73,16 +84,16 @@ class OffloadHandle:
             return
         warnings.warn("torch_offload.apply: setting config.use_cache=False (a KV cache cannot be "
                       "filled by a recomputed layer); handle.remove() sets it back")
-        previous = config.use_cache
+        self._attributes.append((config, "use_cache", config.use_cache))
         config.use_cache = False
-        self._undo.append(lambda: setattr(config, "use_cache", previous))
 
-    def wrap(self, block: nn.Module, wrapper) -> None:
-        """Installs wrapper(block, forward) as `block`'s forward; remove() puts the old one back."""
-        self._previous_forwards.append(block.__dict__.get("forward"))
-        self.blocks.append(block)
-        block._torch_offload_handle = self
-        set_forward(block, wrapper(block, current_forward(block)))
+    def wrap(self, wrapper: BlockForward) -> None:
+        """Installs `wrapper` as its block's forward; remove() puts back the one it wraps."""
+        self._wrappers.append(wrapper)
+        set_forward(wrapper.block, wrapper)
+        # Marks the block as wrapped. Weak: a deep copy of one block must not copy the handle and
+        # through it the whole model (the copied block keeps a dead or foreign mark: still wrapped).
+        wrapper.block._torch_offload_handle = weakref.ref(self)
 
 
 def blocks_to_wrap(model: nn.Module, blocks) -> List[nn.Module]:

@@ -14,6 +14,9 @@ class HookScopes:
     def __init__(self):
         self._local = threading.local()
 
+    def __deepcopy__(self, memo):
+        return HookScopes()  # what is entered belongs to calls running now, not to a copy
+
     def enter(self, hooks: Optional[torch.autograd.graph.saved_tensors_hooks]) -> None:
         """Enters `hooks`, or with None only records that this call entered nothing."""
         if hooks is not None:

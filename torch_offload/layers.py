@@ -12,6 +12,7 @@ and the device copies are dropped, never copied back (they are frozen). The weig
 for backward are packed as tokens (weight_tokens.py) and fetched again, prefetched, in backward.
 Trainable parameters (the adapters) and buffers stay where they are.
 """
+import copy
 from typing import Iterable, List, Optional
 
 import torch
@@ -19,7 +20,8 @@ from torch import nn
 
 from ._ops import offload_restore, offload_save
 from .activations import _is_dtensor
-from .blocks import current_forward, find_blocks, set_forward
+from .blocks import BlockForward, find_blocks, set_forward
+from .copies import NotPicklable, copy_attributes
 from .hook_scopes import HookScopes
 from .manager import OffloadManager
 from . import node_budget, weight_tokens
@@ -52,6 +54,20 @@ class _FrozenWeight:
 
     def restore(self) -> torch.Tensor:
         return offload_restore(self.handle, self.device, self.manager_id)
+
+    def use_host_copy(self) -> None:
+        """The host copy (saved and synchronized) becomes the parameter's data."""
+        self.param.data = self.handle
+        self.version = self.param._version
+
+    def copy_for(self, layer: "_Layer", manager, memo: dict) -> "_FrozenWeight":
+        """This weight in a deep copy of the model, saved to the copy's `manager`: copy.deepcopy
+        gave the copy's Parameter a plain host tensor (a clone of our host copy), not a handle."""
+        new = copy_attributes(self, memo, {"source": lambda: None, "handle": lambda: None})
+        new.manager_id = manager.id()
+        new.source = weight_tokens.WeightSource(new.param.dtype, new.restore, layer.on_backward_fetch)
+        new.handle = offload_save(new.param.detach(), new.manager_id)
+        return new
 
     def check(self) -> None:
         p = self.param
@@ -96,6 +112,23 @@ class _Layer:
                 qualified = ".".join(part for part in (name, module_name, pname) if part)
                 self.weights.append(_FrozenWeight(module, pname, p, qualified, self))
 
+    def __deepcopy__(self, memo):
+        # The copy's weights go to the copy of our manager (fresh, same configuration).
+        manager = copy.deepcopy(self.offloader.manager, memo)
+        new = copy_attributes(self, memo, {"prefetched_for_task": lambda: None, "weights": list})
+        try:
+            new.weights = [w.copy_for(new, manager, memo) for w in self.weights]
+            manager.synchronize()
+        except RuntimeError as error:
+            raise RuntimeError(
+                f"torch_offload: copy.deepcopy of a model with offload_layers: the copy's frozen "
+                f"weights of layer {self.name or self.index} go to a new manager with the same "
+                f"configuration (host_budget_bytes={manager.host_budget_bytes()}), and saving them "
+                f"failed: {error}") from error
+        for w in new.weights:
+            w.use_host_copy()
+        return new
+
     def check(self) -> None:
         now = [(n, p.requires_grad) for n, p in self.block.named_parameters()]
         if now != self.flags:
@@ -120,8 +153,11 @@ class _Layer:
             self.offloader.prefetch_layer(self.index - 1)
 
 
-class LayerOffloadHandle:
-    """What offload_layers() returns: the manager (stats), the layers, and remove()."""
+class LayerOffloadHandle(NotPicklable):
+    """What offload_layers() returns: the manager (stats), the layers, and remove().
+    copy.deepcopy of the model copies it: the copy's frozen weights go to a copy of the manager."""
+
+    _pickled_what = "its frozen-weight offloading (offload_layers)"
 
     def __init__(self, model: nn.Module, manager):
         self.model = model
@@ -133,6 +169,9 @@ class LayerOffloadHandle:
     def stats(self) -> dict:
         return dict(self.manager.stats())
 
+    def __deepcopy__(self, memo):
+        return copy_attributes(self, memo)
+
     @property
     def offloaded_bytes(self) -> int:
         return sum(w.param.numel() * w.param.element_size() for layer in self.layers for w in layer.weights)
@@ -142,7 +181,8 @@ class LayerOffloadHandle:
             self.layers[index].prefetch()
 
     def remove(self) -> None:
-        """Moves the frozen weights back to their devices and unwraps the layers."""
+        """Moves the frozen weights back to their devices, exactly as they were (restored through
+        the engine, whatever tier holds them), and unwraps the layers."""
         for hook in self._hook_handles:
             hook.remove()
         self._hook_handles = []
@@ -151,7 +191,7 @@ class LayerOffloadHandle:
             set_forward(layer.block, layer.previous_forward)
             layer.block.__dict__.pop(_WRAPPED, None)
             for w in layer.weights:
-                w.param.data = w.handle.to(w.device, copy=True)
+                w.param.data = w.restore()
                 w.handle = None
         self.layers = []
 
@@ -164,40 +204,43 @@ class LayerOffloadHandle:
         self._scopes.exit()
 
 
-def _weights_on_device(layer: _Layer, forward):
-    """Wraps a layer's forward: install device copies of its frozen weights while it runs."""
+class _WeightsOnDevice(BlockForward):
+    """A layer's forward: device copies of its frozen weights are installed while it runs."""
 
-    def forward_with_weights(*args, **kwargs):
+    def __init__(self, layer: _Layer):
+        super().__init__(layer.block)
+        self.layer = layer
+
+    def __call__(self, *args, **kwargs):
+        layer = self.layer
         layer.check()
         offloader = layer.offloader
-        copies = []  # (device copy, its version when installed)
+        installed = []  # (device copy, its version when installed)
         try:
             for w in layer.weights:
-                copy = nn.Parameter(w.restore(), requires_grad=False)
-                weight_tokens.install(copy, w.source)
-                w.module._parameters[w.name] = copy
-                copies.append((copy, copy._version))
+                device_copy = nn.Parameter(w.restore(), requires_grad=False)
+                weight_tokens.install(device_copy, w.source)
+                w.module._parameters[w.name] = device_copy
+                installed.append((device_copy, device_copy._version))
             if torch._C._current_graph_task_id() != -1:  # a recompute in backward: going down
                 offloader.prefetch_layer(layer.index - 1)
             else:
                 offloader.prefetch_layer(layer.index + 1)
                 if layer.index == len(offloader.layers) - 1 and torch.is_grad_enabled():
                     layer.prefetch()  # backward starts with this layer again
-            output = forward(*args, **kwargs)
+            output = self.run(*args, **kwargs)
         finally:
-            for w, (copy, _) in zip(layer.weights, copies):
-                weight_tokens.uninstall(copy)
+            for w, (device_copy, _) in zip(layer.weights, installed):
+                weight_tokens.uninstall(device_copy)
                 w.module._parameters[w.name] = w.param
-        for w, (copy, version) in zip(layer.weights, copies):
-            if copy._version != version:
+        for w, (device_copy, version) in zip(layer.weights, installed):
+            if device_copy._version != version:
                 raise RuntimeError(
                     f"torch_offload.offload_layers: the frozen weight {w.qualified} was modified in "
                     "place during the forward; the change would be lost (frozen weights are never "
                     "copied back). Call handle.remove() before changing frozen weights."
                 )
         return output
-
-    return forward_with_weights
 
 
 def _refuse_sharded_parameters(blocks) -> None:
@@ -284,9 +327,8 @@ def offload_layers(
         raise
     for layer in handle.layers:
         for w in layer.weights:
-            w.param.data = w.handle
-            w.version = w.param._version
-        set_forward(layer.block, _weights_on_device(layer, current_forward(layer.block)))
+            w.use_host_copy()
+        set_forward(layer.block, _WeightsOnDevice(layer))
         layer.block.__dict__[_WRAPPED] = handle
     handle._hook_handles = [
         model.register_forward_pre_hook(handle._enter_model),

@@ -18,6 +18,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .activations import offload_activations, resident_tensors
+from .copies import NotPicklable, copy_attributes
 from .empty_steps import watch_model_steps
 from .hook_scopes import HookScopes
 from .manager import stats as manager_stats
@@ -46,8 +47,11 @@ def select_modules(model: nn.Module, targets: Iterable[Target]) -> List[Tuple[st
     return selected
 
 
-class ModuleOffloadHandle:
-    """What offload_modules() returns: selected modules, manager, report(), stats(), remove()."""
+class ModuleOffloadHandle(NotPicklable):
+    """What offload_modules() returns: selected modules, manager, report(), stats(), remove().
+    Its bound methods are the modules' hooks: a deep copy of the model copies it (copies.py)."""
+
+    _pickled_what = "the module hooks of mode='modules' (offload_modules)"
 
     def __init__(self, model: nn.Module, modules, hooks_options: dict):
         self.model = model
@@ -59,6 +63,9 @@ class ModuleOffloadHandle:
         self._lock = threading.Lock()
         self._scopes = HookScopes()
         self._hook_handles = []
+
+    def __deepcopy__(self, memo):
+        return copy_attributes(self, memo, {"_offloaded": dict, "_lock": threading.Lock})
 
     def stats(self) -> dict:
         """The manager's statistics merged with the hooks' counters (see torch_offload.stats)."""
@@ -107,7 +114,7 @@ def offload_modules(model: nn.Module, targets: Iterable[Target], *, min_bytes: i
     handle = ModuleOffloadHandle(model, select_modules(model, targets),
                                  dict(manager=manager, min_bytes=min_bytes, **manager_options))
     handle._hook_handles.append(model.register_forward_pre_hook(handle._new_forward))
-    handle._hook_handles += watch_model_steps(model, handle.hooks.counts, min_bytes)
+    handle._hook_handles += watch_model_steps(model, handle.hooks)
     for _, module in handle.modules:
         handle._hook_handles.append(module.register_forward_pre_hook(handle._enter))
         handle._hook_handles.append(module.register_forward_hook(handle._exit, always_call=True))

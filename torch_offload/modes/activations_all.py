@@ -1,9 +1,9 @@
 """mode="all" (alias "true") / "sync" (alias "legacy") / "disk": the activations autograd saves
 inside every block but the last go through offload_activations' hooks (no recompute)."""
-import torch
 from torch import nn
 
 from ..activations import offload_activations, resident_tensors
+from ..blocks import BlockForward
 from ..empty_steps import watch_model_steps
 from ..handle import OffloadHandle, blocks_to_wrap
 from .options import ACTIVATION_OPTIONS, check_options
@@ -27,18 +27,20 @@ def _apply_activations(mode: str, model: nn.Module, blocks, manager, options: di
     hooks = offload_activations(mode, manager=manager, keep=resident_tensors(model), warn_on_exit=False,
                                 **options)
     handle = OffloadHandle(model, mode, hooks.manager)
-    handle.on_remove(*watch_model_steps(model, hooks.counts, hooks.min_bytes))
+    handle.on_remove(*watch_model_steps(model, hooks))
     for block in blocks[:-1]:  # the last block feeds the LM head right away: keep it resident
-        handle.wrap(block, lambda b, forward: _hooked_forward(b, forward, hooks))
+        handle.wrap(_HookedForward(block, hooks))
     handle.disable_hf_checkpointing()  # offloaded activations need no recompute
     return handle
 
 
-def _hooked_forward(block: nn.Module, forward, hooks):
-    def forward_with_offload(*args, **kwargs):
-        if block.training and torch.is_grad_enabled():
-            with hooks:
-                return forward(*args, **kwargs)
-        return forward(*args, **kwargs)
+class _HookedForward(BlockForward):
+    def __init__(self, block: nn.Module, hooks):
+        super().__init__(block)
+        self.hooks = hooks
 
-    return forward_with_offload
+    def __call__(self, *args, **kwargs):
+        if self.training_with_grad():
+            with self.hooks:
+                return self.run(*args, **kwargs)
+        return self.run(*args, **kwargs)

@@ -1,8 +1,8 @@
 """mode="hidden_states": each block runs under torch_offload.checkpoint (its input goes to host
 memory, the block is recomputed in backward from the prefetched input)."""
-import torch
 from torch import nn
 
+from ..blocks import BlockForward
 from ..checkpoint import checkpoint
 from ..handle import OffloadHandle, blocks_to_wrap
 from ..manager import OffloadManager
@@ -19,16 +19,18 @@ def apply_hidden_states(model: nn.Module, blocks, manager, options: dict) -> Off
     manager = manager if manager is not None else OffloadManager(**options)
     handle = OffloadHandle(model, "hidden_states", manager)
     for block in blocks:
-        handle.wrap(block, lambda b, forward: _checkpointed_forward(b, forward, manager))
+        handle.wrap(_CheckpointedForward(block, manager))
     handle.disable_hf_checkpointing()  # ours replaces it (twice would recompute twice)
     handle.disable_kv_cache()
     return handle
 
 
-def _checkpointed_forward(block: nn.Module, forward, manager):
-    def forward_with_offload(*args, **kwargs):
-        if block.training and torch.is_grad_enabled():
-            return checkpoint(forward, *args, manager=manager, **kwargs)
-        return forward(*args, **kwargs)
+class _CheckpointedForward(BlockForward):
+    def __init__(self, block: nn.Module, manager):
+        super().__init__(block)
+        self.manager = manager
 
-    return forward_with_offload
+    def __call__(self, *args, **kwargs):
+        if self.training_with_grad():
+            return checkpoint(self.run, *args, manager=self.manager, **kwargs)
+        return self.run(*args, **kwargs)

@@ -1,9 +1,9 @@
 """mode="selective": each block runs under torch_offload.selective_checkpoint: its input goes to
 host memory, the op outputs the policy offloads (default "attention": the fused attention outputs)
 are offloaded instead of recomputed, and the rest of the block is recomputed in backward."""
-import torch
 from torch import nn
 
+from ..blocks import BlockForward
 from ..handle import OffloadHandle, blocks_to_wrap
 from ..manager import OffloadManager
 from ..policies import SAVES_PER_BLOCK, resolve
@@ -23,17 +23,19 @@ def apply_selective(model: nn.Module, blocks, manager, options: dict) -> Offload
     manager = manager if manager is not None else OffloadManager(**options)
     handle = OffloadHandle(model, "selective", manager)
     for block in blocks:
-        handle.wrap(block, lambda b, forward: _selective_forward(b, forward, manager, policy, min_bytes))
+        handle.wrap(_SelectiveForward(block, manager, policy, min_bytes))
     handle.disable_hf_checkpointing()  # ours replaces it (twice would recompute twice)
     handle.disable_kv_cache()
     return handle
 
 
-def _selective_forward(block: nn.Module, forward, manager, policy, min_bytes):
-    def forward_with_offload(*args, **kwargs):
-        if block.training and torch.is_grad_enabled():
-            return selective_checkpoint(forward, *args, policy=policy, manager=manager, min_bytes=min_bytes,
-                                        **kwargs)
-        return forward(*args, **kwargs)
+class _SelectiveForward(BlockForward):
+    def __init__(self, block: nn.Module, manager, policy, min_bytes: int):
+        super().__init__(block)
+        self.manager, self.policy, self.min_bytes = manager, policy, min_bytes
 
-    return forward_with_offload
+    def __call__(self, *args, **kwargs):
+        if self.training_with_grad():
+            return selective_checkpoint(self.run, *args, policy=self.policy, manager=self.manager,
+                                        min_bytes=self.min_bytes, **kwargs)
+        return self.run(*args, **kwargs)
