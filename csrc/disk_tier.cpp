@@ -12,8 +12,12 @@ namespace torch_offload {
 // the record outlives every IO it queued.
 class DiskStored : public StoredTensor, public std::enable_shared_from_this<DiskStored> {
  public:
-  DiskStored(DiskTier& tier, HostBlock staging, size_t nbytes)
-      : tier_(tier), file_(tier.store_->new_file(nbytes)), nbytes_(nbytes), staging_(staging) {}
+  DiskStored(DiskTier& tier, HostBlock staging, size_t nbytes, int64_t sequence)
+      : tier_(tier),
+        file_(tier.store_->new_file(nbytes)),
+        nbytes_(nbytes),
+        sequence_(sequence),
+        staging_(staging) {}
 
   void* destination() override { return staging_->ptr; }
   void* handle_data() override { return file_.data; }
@@ -54,6 +58,12 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
   HostBytes bytes_for_restore() override {
     std::unique_lock<std::mutex> lock(tier_.mutex_);
     tier_.io_done_.wait(lock, [&] { return !write_pending_ && !read_pending_; });
+    if (staging_ && kept_) {  // the newest file, kept in host memory: this restore takes it
+      const HostBlock block = *staging_;
+      staging_.reset();
+      kept_ = false;
+      return HostBytes{block.ptr, give_back(block), false};
+    }
     // The write failed: the data never left host memory, and stays there until release().
     if (staging_) return HostBytes{staging_->ptr, nullptr, false};
     if (read_block_) {
@@ -110,13 +120,31 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
     tier_.pending_writes_--;
     write_pending_ = false;
     if (error.empty()) {
-      tier_.staging_pool_->release(*staging_);
-      staging_.reset();
+      keep_if_newest_locked();
     } else if (tier_.write_error_.empty()) {
       tier_.write_error_ = error;  // the data stays in staging_, so nothing is lost
       tier_.write_error_bytes_ = disk_full ? nbytes_ : 0;
     }
     tier_.io_done_.notify_all();
+  }
+
+  // Backward restores the newest save first, before any read-ahead could have started: the newest
+  // written file's bytes stay in host memory (one staging buffer) until a newer file is written.
+  void keep_if_newest_locked() {
+    std::shared_ptr<DiskStored> kept = tier_.newest_kept_.lock();
+    if (kept && kept->sequence_ > sequence_) {
+      drop_staging_locked();  // a newer save's file was written first
+      return;
+    }
+    if (kept) kept->drop_staging_locked();
+    kept_ = true;
+    tier_.newest_kept_ = shared_from_this();
+  }
+
+  void drop_staging_locked() {
+    if (staging_) tier_.staging_pool_->release(*staging_);
+    staging_.reset();
+    kept_ = false;
   }
 
   void read_done(const std::string& error) {
@@ -130,8 +158,10 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
   DiskTier& tier_;
   const DiskStore::NewFile file_;
   const size_t nbytes_;
+  const int64_t sequence_;  // save order
   // Guarded by tier_.mutex_.
-  std::optional<HostBlock> staging_;     // the data until its write succeeded
+  std::optional<HostBlock> staging_;     // the data until its write succeeded (or while kept_)
+  bool kept_ = false;                    // written, and staging_ kept as the newest file's bytes
   std::optional<HostBlock> read_block_;  // a read-ahead's buffer, until a restore takes it
   bool committed_ = false;
   bool write_pending_ = true;  // from reserve until the write ended
@@ -169,6 +199,7 @@ void DiskTier::check_before_save() {
 }
 
 std::shared_ptr<StoredTensor> DiskTier::reserve(size_t nbytes, bool /*may_decline*/) {
+  int64_t sequence;
   {
     // Each write in flight holds a staging buffer: bound them like device-to-host copies.
     std::unique_lock<std::mutex> lock(mutex_);
@@ -177,6 +208,7 @@ std::shared_ptr<StoredTensor> DiskTier::reserve(size_t nbytes, bool /*may_declin
     host_wait_ms_ +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     pending_writes_++;
+    sequence = next_sequence_++;
   }
   const auto undo = [this] {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -186,7 +218,7 @@ std::shared_ptr<StoredTensor> DiskTier::reserve(size_t nbytes, bool /*may_declin
   std::optional<HostBlock> staging;
   try {
     staging = acquire_staging(nbytes, FaultSite::kDiskWriteStaging);
-    return std::make_shared<DiskStored>(*this, *staging, nbytes);
+    return std::make_shared<DiskStored>(*this, *staging, nbytes, sequence);
   } catch (...) {
     if (staging) staging_pool_->release(*staging);
     undo();

@@ -1,7 +1,8 @@
 #pragma once
 // The disk tier: each saved tensor goes through a staging host buffer into a file of the
 // DiskStore, written by its IO threads; read-ahead (backward prefetch) and restores read it back
-// into staging buffers of their own. The handle holds no data.
+// into staging buffers of their own; the newest written file's bytes also stay in memory, for the
+// first restore of backward. The handle holds no data.
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -46,6 +47,8 @@ class DiskTier : public Tier {
   std::string write_error_;          // first failed write, reported by the next save
   size_t write_error_bytes_ = 0;     // its size when it failed for lack of space
   double host_wait_ms_ = 0.0;        // saves blocked by the write bound
+  int64_t next_sequence_ = 0;        // save order of the next reserve
+  std::weak_ptr<DiskStored> newest_kept_;  // the newest written file, its bytes kept in memory
   // Last member: destroyed first, its IO threads finish every queued task (which lock mutex_).
   std::unique_ptr<DiskStore> store_;
 };

@@ -164,7 +164,8 @@ def test_disk_mode_matches_plain_training_and_leaves_no_files(device, tmp_path):
     _steps_match_plain(ours, plain, device, shape=(2, 40), after_step=no_files_left)
     stats = handle.stats()
     assert stats["disk_bytes_written"] == stats["bytes_to_host"] > 0
-    assert stats["disk_bytes_read"] == stats["bytes_to_device"]
+    # Each step's newest file is restored from the memory it was written from (C++ tests count it).
+    assert 0 < stats["disk_bytes_read"] < stats["bytes_to_device"]
     # Files just written are read back from the page cache (the count is -1 where the kernel
     # cannot tell, e.g. without RWF_NOWAIT).
     cached = stats["disk_bytes_read_from_page_cache"]

@@ -31,9 +31,10 @@ def test_bench_cli_smoke(tmp_path):
     assert runs["checkpointing"]["x_checkpointing"] == 1.0
     assert runs["hidden_states"]["moved_MB"] > 0 and runs["all"]["moved_MB"] > 0
     assert "moved_MB" not in runs["none"]
-    # Through the disk tier, every boundary byte is written and read back.
+    # Through the disk tier, every boundary byte is written; all but the newest file's are read back.
     disk = runs["hidden_states_disk"]
-    assert disk["disk_written_MB"] == disk["disk_read_MB"] == pytest.approx(disk["moved_MB"] / 2)
+    assert disk["disk_written_MB"] == pytest.approx(disk["moved_MB"] / 2)
+    assert 0 < disk["disk_read_MB"] < disk["disk_written_MB"]
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     trace = json.loads(Path(runs["all"]["trace"]).read_text())
     assert trace["traceEvents"]

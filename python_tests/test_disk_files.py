@@ -112,11 +112,12 @@ def test_tampered_file_is_a_clear_error_naming_it(tmp_path):
     m = _disk_manager(tmp_path)
     x = torch.randn(2048)
     h = save(x, m.id())
+    newest = save(torch.randn(2048), m.id())  # its bytes stay in memory too; x is read from its file
     m.synchronize()
-    (fd,) = _open_files_in(tmp_path)
-    with open(f"/proc/self/fd/{fd}", "r+b") as f:  # what another process of this user could do
-        f.seek(100)
-        f.write(b"\0" * 8)
+    for fd in _open_files_in(tmp_path):
+        with open(f"/proc/self/fd/{fd}", "r+b") as f:  # what another process of this user could do
+            f.seek(100)
+            f.write(b"\0" * 8)
     with pytest.raises(RuntimeError, match=r"disk-tier file \d+ .*do not match the checksum"):
         restore(h, CPU, m.id())
 

@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -29,6 +31,13 @@ const c10::Device kGpu(c10::kCUDA, 0);
 
 at::TensorOptions gpu(at::ScalarType dtype = at::kFloat) {
   return at::TensorOptions().device(kGpu).dtype(dtype);
+}
+
+// Rounds of each test: `full` by default, scaled down by TORCH_OFFLOAD_TEST_ROUNDS_PERCENT
+// (compute- sanitizer's racecheck runs every kernel ~100x slower).
+int rounds(int full) {
+  const char* percent = std::getenv("TORCH_OFFLOAD_TEST_ROUNDS_PERCENT");
+  return percent == nullptr ? full : std::max(1, full * std::atoi(percent) / 100);
 }
 
 enum class Tier { kHost, kDisk };
@@ -65,14 +74,14 @@ class CudaConcurrencyTest : public ::testing::TestWithParam<Tier> {
 // Each thread works on its own stream: saves a few tensors produced there, drops them, and restores
 // them in backward order, as per-thread training steps sharing one engine would.
 TEST_P(CudaConcurrencyTest, EightThreadsSaveAndRestoreOnTheirOwnStreams) {
-  const int rounds = GetParam() == Tier::kDisk ? 20 : 100;
+  const int round_count = rounds(GetParam() == Tier::kDisk ? 20 : 100);
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, 0);
       c10::cuda::CUDAStreamGuard guard(stream);
-      for (int r = 0; r < rounds; ++r) {
+      for (int r = 0; r < round_count; ++r) {
         std::vector<at::Tensor> expected, handles;
         for (int i = 0; i < 3; ++i) {
           at::Tensor x = at::arange(4096 * (i + 1), gpu()).add_(t * 1000 + r * 10 + i);
@@ -93,7 +102,7 @@ TEST_P(CudaConcurrencyTest, EightThreadsSaveAndRestoreOnTheirOwnStreams) {
 // Eight threads restore the same two handles to the GPU, 1000 rounds each (restoring b reads a
 // ahead; the restores of a race for that read).
 TEST_P(CudaConcurrencyTest, OneHandleRestoredFromEightThreadsGivesItsDataEveryTime) {
-  const int rounds = GetParam() == Tier::kDisk ? 200 : 1000;
+  const int round_count = rounds(GetParam() == Tier::kDisk ? 200 : 1000);
   const at::Tensor a = at::arange(1024, gpu()), b = at::arange(1024, gpu()).neg_();
   const at::Tensor ha = manager_->save(a), hb = manager_->save(b);
   std::atomic<int> wrong{0};
@@ -102,7 +111,7 @@ TEST_P(CudaConcurrencyTest, OneHandleRestoredFromEightThreadsGivesItsDataEveryTi
     threads.emplace_back([&] {
       c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, 0);
       c10::cuda::CUDAStreamGuard guard(stream);
-      for (int round = 0; round < rounds; ++round) {
+      for (int round = 0; round < round_count; ++round) {
         if (!at::equal(manager_->restore(hb, kGpu), b)) wrong++;
         if (!at::equal(manager_->restore(ha, kGpu), a)) wrong++;
       }
@@ -112,7 +121,7 @@ TEST_P(CudaConcurrencyTest, OneHandleRestoredFromEightThreadsGivesItsDataEveryTi
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(wrong.load(), 0);
   manager_->synchronize();
-  EXPECT_EQ(manager_->stats().restores, 2 * 8 * rounds);
+  EXPECT_EQ(manager_->stats().restores, 2 * 8 * round_count);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, CudaConcurrencyTest, ::testing::Values(Tier::kHost, Tier::kDisk),
