@@ -57,12 +57,19 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
 
   HostBytes bytes_for_restore() override {
     std::unique_lock<std::mutex> lock(tier_.mutex_);
-    tier_.io_done_.wait(lock, [&] { return !write_pending_ && !read_pending_; });
-    if (staging_ && kept_) {  // the newest file, kept in host memory: this restore takes it
-      const HostBlock block = *staging_;
-      staging_.reset();
-      kept_ = false;
-      return HostBytes{block.ptr, give_back(block), false};
+    // A file still being written is restored from the bytes its write reads (backward's first
+    // restore usually comes before the newest write has finished).
+    tier_.io_done_.wait(
+        lock, [&] { return !read_pending_ && (!write_pending_ || (committed_ && staging_)); });
+    if (staging_ && (write_pending_ || kept_)) {
+      if (!write_pending_ && readers_ == 0) {  // the newest file, kept: this restore takes it
+        const HostBlock block = *staging_;
+        staging_.reset();
+        kept_ = false;
+        return HostBytes{block.ptr, give_back(block), false};
+      }
+      readers_++;  // shares staging_ with the write (or another restore) until its copy is done
+      return HostBytes{staging_->ptr, [self = shared_from_this()] { self->reader_done(); }, false};
     }
     // The write failed: the data never left host memory, and stays there until release().
     if (staging_) return HostBytes{staging_->ptr, nullptr, false};
@@ -95,9 +102,13 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
         tier_.pending_writes_--;
         tier_.io_done_.notify_all();
       }
-      if (staging_) blocks.push_back(*staging_);
+      if (staging_ && readers_ > 0) {
+        released_ = true;  // the last restore still reading staging_ frees it
+      } else {
+        if (staging_) blocks.push_back(*staging_);
+        staging_.reset();
+      }
       if (read_block_) blocks.push_back(*read_block_);
-      staging_.reset();
       read_block_.reset();
     }
     tier_.store_->remove(file_.id);
@@ -120,6 +131,7 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
     tier_.pending_writes_--;
     write_pending_ = false;
     if (error.empty()) {
+      written_ok_ = true;
       keep_if_newest_locked();
     } else if (tier_.write_error_.empty()) {
       tier_.write_error_ = error;  // the data stays in staging_, so nothing is lost
@@ -141,10 +153,18 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
     tier_.newest_kept_ = shared_from_this();
   }
 
+  // Frees staging_ once no restore reads it (else the last reader does).
   void drop_staging_locked() {
+    kept_ = false;
+    if (readers_ > 0) return;
     if (staging_) tier_.staging_pool_->release(*staging_);
     staging_.reset();
-    kept_ = false;
+  }
+
+  void reader_done() {
+    std::lock_guard<std::mutex> lock(tier_.mutex_);
+    readers_--;
+    if (readers_ == 0 && (released_ || (written_ok_ && !kept_))) drop_staging_locked();
   }
 
   void read_done(const std::string& error) {
@@ -162,6 +182,9 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
   // Guarded by tier_.mutex_.
   std::optional<HostBlock> staging_;     // the data until its write succeeded (or while kept_)
   bool kept_ = false;                    // written, and staging_ kept as the newest file's bytes
+  bool written_ok_ = false;              // the file holds the bytes
+  int readers_ = 0;                      // restores reading staging_ without owning it
+  bool released_ = false;                // the handle is gone: the last reader frees staging_
   std::optional<HostBlock> read_block_;  // a read-ahead's buffer, until a restore takes it
   bool committed_ = false;
   bool write_pending_ = true;  // from reserve until the write ended

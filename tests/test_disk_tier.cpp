@@ -265,6 +265,23 @@ TEST_F(DiskHandleTest, BackwardStartsFromMemoryAndReadsDiskReadAheadFilesAhead) 
   EXPECT_EQ(manager->stats().disk_bytes_read, 6 * file_bytes);
 }
 
+// Backward's first restore usually comes while the newest file is still being written: it reads
+// the bytes the write reads, and whichever finishes last frees them.
+TEST_P(TierTest, RestoresWhileTheWriteIsUnderWayGiveTheData) {
+  auto manager = make();
+  for (int round = 0; round < 300; ++round) {
+    const at::Tensor x = values(4096, round);
+    at::Tensor h = manager->save(x);
+    ASSERT_TRUE(at::equal(manager->restore(h, kCPU), x)) << round;
+    if (round % 3 == 0) {
+      ASSERT_TRUE(at::equal(manager->restore(h, kCPU), x)) << round;
+    }
+    if (round % 2 == 0) h.reset();  // released with the write or a restore maybe under way
+  }
+  manager->synchronize();
+  EXPECT_EQ(manager->stats().restores, 300 + 100);
+}
+
 // A failed write keeps the data in host memory; the handle read as the zeros of the reserved
 // file, so a frozen weight installed from it (offload_layers) was silently zero.
 TEST_F(DiskHandleTest, ADiskHandleWhoseWriteFailedStillReadsAsItsData) {
