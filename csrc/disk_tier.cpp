@@ -22,7 +22,12 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
   void* destination() override { return staging_->ptr; }
   void* handle_data() override { return file_.data; }
   bool views_restore_as_copies() const override { return false; }
-  const void* resident() override { return nullptr; }
+  // A finished read-ahead's bytes: the manager copies them to the device ahead of the restore
+  // (else each restore's copy would stall the compute stream).
+  const void* resident() override {
+    std::lock_guard<std::mutex> lock(tier_.mutex_);
+    return read_block_ && !read_pending_ && read_error_.empty() ? read_block_->ptr : nullptr;
+  }
 
   void commit(FencePtr landed) override {
     {

@@ -123,7 +123,9 @@ class Manager : public std::enable_shared_from_this<Manager> {
   void check_unmodified(const Entry& entry) const;
   void prefetch_before_locked(const Entry& restored, c10::Device device, DeviceTransfer* transfer);
   // Starts the device copy of `entry` that its next restore will take.
-  void start_prefetch_locked(Entry& entry, c10::Device device, DeviceTransfer* transfer);
+  // Copies `bytes` (the entry's resident host bytes) to `device` ahead of the restore.
+  void start_prefetch_locked(Entry& entry, const void* bytes, c10::Device device,
+                             DeviceTransfer* transfer);
   // The device copy of `host` (the entry's data) for a restore, ordered before compute-stream use.
   at::Tensor copy_for_restore_locked(Entry& entry, const void* host, c10::Device device,
                                      DeviceTransfer* transfer);

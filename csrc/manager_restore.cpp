@@ -67,12 +67,13 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
     if (entry.stored->resident() != nullptr) {
       bytes = entry.stored->bytes_for_restore();  // in host memory: no wait
     } else {
-      // The tier waits for IO: without the lock, so other handles go on meanwhile. Only resident
-      // entries get device prefetches, so none can start on this one in the meantime.
+      // The tier waits for IO: without the lock, so other handles go on meanwhile. A read-ahead
+      // finishing meanwhile may let a device prefetch of this entry start: this copy serves.
       const std::shared_ptr<StoredTensor> stored = entry.stored;
       lock.unlock();
       bytes = stored->bytes_for_restore();
       lock.lock();
+      entry.prefetched = at::Tensor();
     }
     if (bytes.read_ahead) counters_.prefetch_hits++;
     try {
@@ -130,17 +131,19 @@ void Manager::prefetch(const at::Tensor& handle, c10::Device device) {
       found != nullptr,
       "prefetch: the tensor is not a live handle of this manager (offload_save returns one)");
   Entry& entry = *found;
-  if (config_.synchronous || transfer == nullptr || entry.stored->resident() == nullptr ||
+  const void* bytes = entry.stored->resident();
+  if (config_.synchronous || transfer == nullptr || bytes == nullptr ||
       entry.prefetched.defined()) {
     return;
   }
   check_unmodified(entry);
-  start_prefetch_locked(entry, device, transfer);
+  start_prefetch_locked(entry, bytes, device, transfer);
 }
 
-void Manager::start_prefetch_locked(Entry& entry, c10::Device device, DeviceTransfer* transfer) {
-  std::tie(entry.prefetched, entry.prefetch_done) = transfer->copy_to_device(
-      host_tensor(entry, entry.stored->resident()), device, entry.to_host_done);
+void Manager::start_prefetch_locked(Entry& entry, const void* bytes, c10::Device device,
+                                    DeviceTransfer* transfer) {
+  std::tie(entry.prefetched, entry.prefetch_done) =
+      transfer->copy_to_device(host_tensor(entry, bytes), device, entry.to_host_done);
   entry.last_fence = entry.prefetch_done;
   counters_.prefetches++;
 }
@@ -154,7 +157,8 @@ void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
     --pos;
     Entry& candidate = entries_.at(*pos);
     if (candidate.restored || candidate.source_device != device) continue;
-    if (candidate.stored->resident() == nullptr) {  // bytes not in host memory: read ahead
+    const void* bytes = candidate.stored->resident();
+    if (bytes == nullptr) {  // bytes not in host memory: read ahead
       if (reads > 0) {
         reads--;
         candidate.stored->read_ahead();
@@ -163,7 +167,7 @@ void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
     }
     if (transfer == nullptr || copies <= 0) continue;
     copies--;
-    if (!candidate.prefetched.defined()) start_prefetch_locked(candidate, device, transfer);
+    if (!candidate.prefetched.defined()) start_prefetch_locked(candidate, bytes, device, transfer);
   }
 }
 
