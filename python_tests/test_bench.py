@@ -65,3 +65,15 @@ def test_plot_command_writes_a_png_from_saved_results(tmp_path):
                           str(tmp_path / "r.png")], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compile_timeline_plot_writes_a_png(tmp_path):
+    results = {"gpu": "cpu", "runs": [
+        {"variant": "ckpt_compiled", "seq": 64, "timeline_GB": [1.0, 2.0, 3.0, 1.5]},
+        {"variant": "sac_compiled", "seq": 64},  # no timeline recorded: left out
+        {"variant": "ours_compiled", "seq": 64, "timeline_GB": [1.0, 1.2, 2.5, 2.0, 1.0]}]}
+    (tmp_path / "c.json").write_text(json.dumps(results))
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plot_timeline.py"), str(tmp_path / "c.json"),
+                          str(tmp_path / "c.png")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
