@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# README command 1: set everything up, build, and run the main demo.
+# README command 1: set everything up, build the library, and run the main demo.
 set -euo pipefail
 source "$(dirname "$0")/setup_env.sh"
-"$repo_root/scripts/build.sh"
+"$repo_root/scripts/build.sh" torch_offload  # the tests and C++ examples are scripts/test.sh's
 cd "$repo_root"
 python examples/demo.py "$@"

@@ -10,7 +10,11 @@ echo "[test] GoogleTest (ctest)"
 ctest --test-dir build --output-on-failure -j2
 
 echo "[test] pip install . (the packaged build is exercised by python_tests/test_packaging.py)"
-python -m pip install -q --no-build-isolation --no-deps .
+# The package gets build/libtorch_offload.so as it is: one compile serves the tests and the package.
+python -m pip install -q --no-build-isolation --no-deps \
+  --config-settings=cmake.define.TORCH_OFFLOAD_PREBUILT_LIBRARY="$repo_root/build/libtorch_offload.so" .
+package_dir="$(cd / && python -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("torch_offload").origin))')"
+cmp "$package_dir/libtorch_offload.so" build/libtorch_offload.so
 
 echo "[test] pytest"
 set +e

@@ -29,7 +29,7 @@ using testing::error_of;
 using testing::FakeTransfer;
 using testing::finishes_within;
 
-const c10::Device kCPU(c10::kCPU);
+using testing::kCPU;
 
 at::Tensor values(int64_t n, int64_t seed) {
   return at::arange(n, at::kFloat).mul_(0.5).add_(static_cast<double>(seed));

@@ -34,7 +34,7 @@ using testing::kSettle;
 using testing::make_config;
 using Kind = FakeTransfer::Kind;
 
-const c10::Device kCPU(c10::kCPU);
+using testing::kCPU;
 
 // Distinct, deterministic contents for each (seed, dtype).
 at::Tensor make_tensor(at::IntArrayRef sizes, at::ScalarType dtype, int64_t seed = 0) {

@@ -1,5 +1,6 @@
 #pragma once
 // Small helpers shared by the test files.
+#include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +12,8 @@
 #include "csrc/manager_config.h"
 
 namespace torch_offload::testing {
+
+inline const c10::Device kCPU(c10::kCPU);
 
 // Long enough for a wrongly unblocked waiter to have returned; short enough to keep tests fast.
 constexpr std::chrono::milliseconds kSettle{100};
