@@ -90,6 +90,8 @@ at::Tensor Manager::save(const at::Tensor& x) {
   TORCH_CHECK(x.defined(), "offload_save: got an undefined tensor");
   TORCH_CHECK(x.layout() == c10::kStrided && !x.is_quantized(),
               "offload_save: only dense strided tensors can be offloaded, got layout ", x.layout());
+  TORCH_CHECK(!x.is_nested(),
+              "offload_save: got a nested tensor; offload its components (unbind()) instead");
   TORCH_CHECK(!x.is_meta(),
               "offload_save: got a meta tensor, which has no data to offload (under "
               "torch.compile or FakeTensor tracing the Python fake kernel runs instead)");

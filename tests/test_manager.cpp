@@ -679,11 +679,20 @@ TEST_F(ManagerTest, InvalidConfigIsRejected) {
   EXPECT_THROW(Manager::create(make_config(4, 1, -1), transfer), c10::Error);
 }
 
-TEST_F(ManagerTest, UndefinedAndSparseTensorsAreRejected) {
+TEST_F(ManagerTest, UndefinedSparseAndNestedTensorsAreRejected) {
   make(ManagerConfig{});
   EXPECT_THROW(save(at::Tensor()), c10::Error);
   at::Tensor sparse = at::eye(3).to_sparse();
   EXPECT_THROW(save(sparse), c10::Error);
+  // From C++ as from Python, a nested tensor is a clear error (it was an internal one).
+  const at::Tensor nested =
+      at::_nested_tensor_from_tensor_list({at::ones({2, 3}), at::ones({4, 3})});
+  try {
+    save(nested);
+    ADD_FAILURE() << "a nested tensor was saved";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("got a nested tensor"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(stats().live_handles, 0);
   EXPECT_EQ(stats().host_bytes_in_use, 0);
 }
