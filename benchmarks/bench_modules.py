@@ -2,7 +2,8 @@
 """Benchmark of modules mode (selective activation offload) on the reference model of DESIGN.md
 (random-init LlamaForCausalLM 1.26B, bf16, SDPA, batch 1, no checkpointing), in one process.
 
-Per sequence length and variant (no offloading; modules mode with each --targets set):
+Per sequence length and variant (no offloading; modules mode with each --targets set, whose
+entries are fnmatch patterns or presets written preset:NAME):
   - median step time and tokens/s; peak allocated / reserved GPU memory;
   - GPU memory allocated at the end of forward (before backward), and its drop against no
     offloading: the bytes the device really got back;
@@ -29,7 +30,11 @@ from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_
                                release_memory, short_gpu_name, sync, table)
 
 def run_variant(model, targets, seq, args):
-    handle = torch_offload.apply(model, "modules", targets=targets, min_bytes=args.min_bytes) if targets else None
+    # "preset:NAME" in a --targets set is the preset NAME (presets=), the rest are patterns
+    presets = [t[len("preset:"):] for t in targets or () if t.startswith("preset:")]
+    patterns = [t for t in targets or () if not t.startswith("preset:")]
+    handle = torch_offload.apply(model, "modules", targets=patterns, presets=presets,
+                                 min_bytes=args.min_bytes) if targets else None
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
     label = "none" if not targets else "modules " + ",".join(targets)
     try:
@@ -110,7 +115,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, seqs="4096,16384", steps=4)
     p.add_argument("--targets", action="append",
-                   help="comma-separated patterns, one set per flag (default: *.self_attn)")
+                   help="comma-separated patterns and preset:NAME (preset:qkv,preset:core_attn), one set "
+                        "per flag (default: *.self_attn)")
     p.add_argument("--min-bytes", type=int, default=1 << 20)
     args = finish_run_args(p.parse_args(), REFERENCE)
     if args.tiny:

@@ -13,9 +13,10 @@ from test_models import _freeze_layer_weights, _llama_step, _tiny_llama
 
 # "layer_offloading": apply("all", layer_offloading=True), our wrapper around offload_layers' one.
 MODES = ["hidden_states", "all", "sync", "disk", "modules", "selective", "offload_layers", "layer_offloading"]
-# min_bytes=0: the tiny model's activations are all under the default threshold.
+# min_bytes=0: the tiny model's activations are all under the default threshold. "modules" with
+# core_attn: the copy also has the hooks of the projections core_attn leaves out.
 OPTIONS = {"hidden_states": {}, "all": {"min_bytes": 0}, "sync": {"min_bytes": 0}, "disk": {"min_bytes": 0},
-           "modules": {"targets": ["*.self_attn"], "min_bytes": 0}, "selective": {"min_bytes": 0}}
+           "modules": {"targets": ["*.mlp"], "presets": ["core_attn"], "min_bytes": 0}, "selective": {"min_bytes": 0}}
 IDS = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
 
 

@@ -65,8 +65,9 @@ def apply(
     a torch policy function) are offloaded too and not recomputed in backward; outputs under
     min_bytes (default 64 KiB) stay on the device.
 
-    mode="modules": only the activations saved inside the submodules `targets` selects (name
-    patterns such as "*.self_attn" or module classes) are offloaded; handle.report() gives the
+    mode="modules": only the activations saved inside the submodules `targets` (name patterns
+    such as "*.self_attn" or module classes) and `presets` (named module groups such as "qkv",
+    "core_attn": see torch_offload.module_presets) select are offloaded; handle.report() gives the
     bytes expected and freed (see offload_modules). Takes min_bytes like "all".
 
     mode=None: no activation offloading (with layer_offloading=True: layer offloading only).
@@ -81,7 +82,7 @@ def apply(
       hidden_states:          max_in_flight, prefetch_depth, host_budget_bytes, disk_dir
       selective:              policy, min_bytes, and the options of "hidden_states"
       all / sync / disk:      min_bytes, max_in_flight, prefetch_depth, host_budget_bytes, disk_dir
-      modules:                targets, and the options of "all"
+      modules:                targets, presets, and the options of "all"
     An option the mode does not take raises TypeError naming it.
 
     On a Hugging Face model apply() turns the model's own gradient checkpointing off and, in
@@ -92,8 +93,9 @@ def apply(
         names = tuple(MODES) + tuple(k for k in ALIASES if isinstance(k, str))
         raise ValueError(f"torch_offload.apply: unknown mode {mode!r}; expected one of {names} or None")
     entry = MODES[name] if name is not None else _no_activation_offloading
-    if "targets" in options and options["targets"] is None:
-        del options["targets"]  # the default, written out
+    for default_none in ("targets", "presets"):
+        if default_none in options and options[default_none] is None:
+            del options[default_none]  # the default, written out
     blocks = list(blocks) if blocks is not None else None
     # Layer offloading goes innermost: its weights must be on the device inside the checkpoint's
     # recompute and inside activation hooks.

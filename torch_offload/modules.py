@@ -8,64 +8,52 @@ last forward offloaded (expected_bytes: the distinct storages handed to the engi
 of it the GPU actually got back (freed_bytes: those storages no longer alive once the copies have
 finished). The two differ when something else still holds a saved tensor's storage, typically a
 module output that is also saved by the next op.
+
+Modules are chosen by targets and presets (module_selection.py, module_presets.py). Inside a module
+a preset leaves out (the projections inside self_attn for "core_attn"), the hooks that were active
+outside the selected module are back, as if it had not been selected.
 """
-import fnmatch
 import threading
-from typing import Iterable, List, Tuple, Union
+from typing import Iterable
 
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from . import weight_tokens
 from .activations import offload_activations, resident_tensors
 from .copies import NotPicklable, copy_attributes
 from .empty_steps import watch_model_steps
 from .hook_scopes import HookScopes
 from .manager import stats as manager_stats
+from .module_selection import ModuleSelection, Target, plan_modules, select_modules  # noqa: F401 (API)
 
-Target = Union[str, type]
-
-
-def select_modules(model: nn.Module, targets: Iterable[Target]) -> List[Tuple[str, nn.Module]]:
-    """Submodules whose qualified name matches a pattern (fnmatch: "*.self_attn", "*.mlp.up_proj")
-    or whose type is one of the given classes; modules inside a selected one are not repeated."""
-    targets = list(targets)
-    if not targets:
-        raise ValueError("torch_offload: targets is empty")
-    patterns = [t for t in targets if isinstance(t, str)]
-    types = tuple(t for t in targets if isinstance(t, type))
-    if len(patterns) + len(types) != len(targets):
-        raise TypeError("torch_offload: targets must be name patterns (str) or module classes")
-    selected = []
-    for name, module in model.named_modules():
-        if not name or any(name.startswith(parent + ".") for parent, _ in selected):
-            continue
-        if isinstance(module, types) or any(fnmatch.fnmatchcase(name, p) for p in patterns):
-            selected.append((name, module))
-    if not selected:
-        raise ValueError(f"torch_offload: no submodule matches targets={targets!r}")
-    return selected
+_OFF = object()  # a selected module running in eval or without grad: nothing offloaded inside
 
 
 class ModuleOffloadHandle(NotPicklable):
-    """What offload_modules() returns: selected modules, manager, report(), stats(), remove().
-    Its bound methods are the modules' hooks: a deep copy of the model copies it (copies.py)."""
+    """What offload_modules() returns: selected modules (and the modules inside them left out),
+    manager, report(), stats(), remove(). Its bound methods are the modules' hooks: a deep copy of
+    the model copies it (copies.py)."""
 
     _pickled_what = "the module hooks of mode='modules' (offload_modules)"
 
-    def __init__(self, model: nn.Module, modules, hooks_options: dict):
+    def __init__(self, model: nn.Module, selection: ModuleSelection, hooks_options: dict):
         self.model = model
-        self.modules = modules
+        self.modules = selection.selected
+        self.excluded = selection.excluded
         self.hooks = offload_activations("all", keep=resident_tensors(model), on_offload=self._record,
                                          warn_on_exit=False, **hooks_options)
         self.manager = self.hooks.manager
         self._offloaded = {}  # StorageImpl address (pinned by the weak ref) -> (weak ref, bytes)
         self._lock = threading.Lock()
         self._scopes = HookScopes()
+        self._outside = threading.local()  # per thread: the hooks active outside each selected call
         self._hook_handles = []
 
     def __deepcopy__(self, memo):
-        return copy_attributes(self, memo, {"_offloaded": dict, "_lock": threading.Lock})
+        return copy_attributes(self, memo, {"_offloaded": dict, "_lock": threading.Lock,
+                                            "_outside": threading.local})
 
     def stats(self) -> dict:
         """The manager's statistics merged with the hooks' counters (see torch_offload.stats)."""
@@ -99,23 +87,41 @@ class ModuleOffloadHandle(NotPicklable):
                 self._offloaded = {}
 
     def _enter(self, module, args):
-        self._scopes.enter(self.hooks if module.training and torch.is_grad_enabled() else None)
+        on = module.training and torch.is_grad_enabled()
+        self._outside.__dict__.setdefault("stack", []).append(weight_tokens.top_hooks() if on else _OFF)
+        self._scopes.enter(self.hooks if on else None)
 
     def _exit(self, module, args, output):
         self._scopes.exit()
+        stack = self._outside.__dict__.get("stack")
+        if stack:
+            stack.pop()
+
+    def _enter_excluded(self, module, args):
+        # Saves go to the hooks active outside the innermost selected call, as if it were not
+        # selected; weights of offloaded layers still become tokens (layer_offloading=True).
+        stack = self._outside.__dict__.get("stack")
+        outside = stack[-1] if stack else _OFF
+        self._scopes.enter(None if outside is _OFF else weight_tokens.weight_hooks(outside))
+
+    def _exit_excluded(self, module, args, output):
+        self._scopes.exit()
 
 
-def offload_modules(model: nn.Module, targets: Iterable[Target], *, min_bytes: int = 1 << 20,
-                    manager=None, **manager_options) -> ModuleOffloadHandle:
-    """Offloads the activations saved inside the submodules `targets` selects (see select_modules)
-    in "all" mode: asynchronous, bounded copies, prefetched in backward. Parameters, buffers and
-    tensors under `min_bytes` stay. Options as for offload_activations (max_in_flight,
-    prefetch_depth, host_budget_bytes) or a ready `manager`."""
-    handle = ModuleOffloadHandle(model, select_modules(model, targets),
+def offload_modules(model: nn.Module, targets: Iterable[Target] = (), *, presets: Iterable[str] = (),
+                    min_bytes: int = 1 << 20, manager=None, **manager_options) -> ModuleOffloadHandle:
+    """Offloads the activations saved inside the submodules `targets` and `presets` select (see
+    select_modules, module_presets.PRESETS) in "all" mode: asynchronous, bounded copies, prefetched
+    in backward. Parameters, buffers and tensors under `min_bytes` stay. Options as for
+    offload_activations (max_in_flight, prefetch_depth, host_budget_bytes) or a ready `manager`."""
+    handle = ModuleOffloadHandle(model, plan_modules(model, targets, presets),
                                  dict(manager=manager, min_bytes=min_bytes, **manager_options))
     handle._hook_handles.append(model.register_forward_pre_hook(handle._new_forward))
     handle._hook_handles += watch_model_steps(model, handle.hooks)
     for _, module in handle.modules:
         handle._hook_handles.append(module.register_forward_pre_hook(handle._enter))
         handle._hook_handles.append(module.register_forward_hook(handle._exit, always_call=True))
+    for _, module in handle.excluded:
+        handle._hook_handles.append(module.register_forward_pre_hook(handle._enter_excluded))
+        handle._hook_handles.append(module.register_forward_hook(handle._exit_excluded, always_call=True))
     return handle

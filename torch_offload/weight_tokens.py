@@ -80,12 +80,20 @@ def pack(t: torch.Tensor) -> Optional[WeightToken]:
     return WeightToken(source, t)
 
 
+def top_hooks():
+    """The (pack, unpack) saved-tensor hooks active now, or None."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+
 class weight_hooks(torch.autograd.graph.saved_tensors_hooks):
     """Saved-tensor hooks that turn installed weights into tokens and hand every other tensor to
-    the hooks that were active when they were created (a user's save_on_cpu, say), or keep it."""
+    the hooks that were active when they were created (a user's save_on_cpu, say), or keep it.
+    `outer`: hand them to these (pack, unpack) hooks instead (None: keep them), from top_hooks()."""
 
-    def __init__(self):
-        outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    _ACTIVE_NOW = object()
+
+    def __init__(self, outer=_ACTIVE_NOW):
+        outer = top_hooks() if outer is weight_hooks._ACTIVE_NOW else outer
         outer_pack, outer_unpack = outer if outer is not None else (None, None)
 
         def pack_hook(t):

@@ -1,5 +1,5 @@
-"""mode="modules": only the activations saved inside the submodules `targets` selects are
-offloaded (see torch_offload.modules.offload_modules)."""
+"""mode="modules": only the activations saved inside the submodules `targets` and `presets` select
+are offloaded (see torch_offload.modules.offload_modules, torch_offload.module_presets)."""
 from torch import nn
 
 from ..handle import OffloadHandle
@@ -8,12 +8,13 @@ from .options import ACTIVATION_OPTIONS, check_options
 
 
 def apply_modules(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
-    check_options("modules", options, manager, ("targets",) + ACTIVATION_OPTIONS)
+    check_options("modules", options, manager, ("targets", "presets") + ACTIVATION_OPTIONS)
     options = dict(options)
-    targets = options.pop("targets", None)
-    if not targets:
-        raise ValueError("torch_offload.apply: mode='modules' needs targets=[name patterns or module classes]")
-    modules = offload_modules(model, targets, manager=manager, **options)
+    targets, presets = options.pop("targets", None), options.pop("presets", None)
+    if not targets and not presets:
+        raise ValueError("torch_offload.apply: mode='modules' needs targets=[name patterns or module classes] "
+                         "and/or presets=[preset names, e.g. 'qkv', 'core_attn']")
+    modules = offload_modules(model, targets or (), presets=presets or (), manager=manager, **options)
     handle = OffloadHandle(model, "modules", modules.manager, modules=modules)
     handle.disable_hf_checkpointing()  # offloaded activations need no recompute
     return handle

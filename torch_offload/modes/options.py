@@ -14,6 +14,7 @@ ACTIVATION_OPTIONS = ("min_bytes", "max_in_flight", "prefetch_depth", "host_budg
 # Why an option a user may expect is not taken, or what they may have meant.
 _HINTS = {
     "targets": "targets is for mode='modules'",
+    "presets": "presets is for mode='modules'",
     "min_bytes": "min_bytes is for modes 'all', 'sync', 'disk' and 'modules'",
     "layers": "the blocks to wrap are blocks=[...]; frozen-weight offloading is layer_offloading=True",
     "layer_offload": "did you mean layer_offloading=True?",
