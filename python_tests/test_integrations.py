@@ -157,3 +157,64 @@ def test_accelerate_prepared_model_matches_plain():
     assert handle.model is prepared
     _steps_match_plain(prepared, plain, "cpu")
     assert handle.stats()["saves"] > 0
+
+
+def _offline_tokenizer():
+    """A word-level tokenizer over the tiny Llama's 256 ids, built in memory (no Hub access)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<eos>": 0, **{f"t{i}": i for i in range(1, 256)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<eos>")
+
+
+def _sft_train(tmp_path, callbacks=()):
+    """TRL's SFTTrainer with its defaults (gradient checkpointing on) except fp32, on CPU."""
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+
+    class _LossRecordingSFTTrainer(trl.SFTTrainer):
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            loss = super().compute_loss(model, inputs, *args, **kwargs)
+            self.losses.append(loss.detach().clone())
+            return loss
+
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 256, (6, 24), generator=generator).tolist()
+    data = datasets.Dataset.from_dict({"input_ids": ids})
+    args = trl.SFTConfig(output_dir=str(tmp_path / "sft"), use_cpu=True, bf16=False, fp16=False,
+                         max_steps=STEPS, per_device_train_batch_size=2, learning_rate=1e-2, seed=0,
+                         report_to=[], save_strategy="no", logging_strategy="no",
+                         disable_tqdm=True, dataloader_num_workers=0, dataset_num_proc=None)
+    model = _model()
+    trainer = _LossRecordingSFTTrainer(model=model, args=args, train_dataset=data,
+                                       processing_class=_offline_tokenizer(),
+                                       callbacks=list(callbacks))
+    trainer.losses = []
+    trainer.train()
+    return trainer
+
+
+_plain_sft_losses = []
+
+
+@pytest.mark.parametrize("make_callback", [
+    lambda: OffloadCallback("hidden_states"),
+    lambda: OffloadCallback("all", min_bytes=0),
+    lambda: OffloadCallback.from_config("true", min_bytes=0),  # axolotl's activation_offloading: true
+], ids=["hidden_states", "all", "axolotl_true"])
+def test_trl_sft_trainer_losses_equal_plain_run(tmp_path, make_callback):
+    pytest.importorskip("trl")
+    if not _plain_sft_losses:
+        _plain_sft_losses.extend(_sft_train(tmp_path).losses)
+    callback = make_callback()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch_offload.NothingOffloadedWarning)
+        trainer = _sft_train(tmp_path, [callback])
+    assert len(trainer.losses) == len(_plain_sft_losses) == STEPS
+    for step, (ours, plain) in enumerate(zip(trainer.losses, _plain_sft_losses)):
+        assert torch.equal(ours, plain), f"step {step}: {ours.item()} != {plain.item()}"
+    assert callback.stats["saves"] > 0
+    assert callback.handle is None
