@@ -101,3 +101,16 @@ grep -E "PASSED|FAILED|ERROR SUMMARY|LEAK SUMMARY" $OUT/sanitizer_memcheck_h100.
 timeout 200 python3 -m torch_offload.bench --modes checkpointing,hidden_states,hidden_states_disk --seqs 16384,32768,65536 --steps 3 --warmup 1 --disk-dir /tmp --json $OUT/bench_cli_disk_h100.json --png $OUT/bench_cli_disk_h100.png --no-progress > $OUT/bench_cli_disk_h100.log 2>&1; el bench_disk $?
 tail -12 $OUT/bench_cli_disk_h100.log
 
+# ---- .gpu/call7.sh ----
+# Session 3, GPU call 7 (H100): merged main (deepcopy, presets, unity build, nested check): C++ tests,
+# every CUDA pytest case, modules presets benchmark.
+set +e
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONUNBUFFERED=1
+TL=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")')
+export LD_LIBRARY_PATH=$TL:$PWD/build:$LD_LIBRARY_PATH
+date +%s > /tmp/t0; el() { echo "== $1 rc=$2 at $(( $(date +%s) - $(cat /tmp/t0) ))s"; }
+timeout 60 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest_h100.log 2>&1; el gtest $?; tail -2 $OUT/gtest_h100.log
+timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda python_tests > $OUT/pytest_cuda_h100.log 2>&1; el pytest $?
+tail -4 $OUT/pytest_cuda_h100.log
+timeout 200 python3 benchmarks/bench_modules.py --out /tmp/mod --steps 3 --targets '*.self_attn' --targets preset:qkv --targets preset:core_attn --targets preset:mlp > $OUT/modules_presets.log 2>&1; el modules $?
+cp /tmp/mod/modules_h100.json $OUT/modules_presets_h100.json; cp /tmp/mod/modules_h100.md $OUT/modules_presets_h100.md; tail -14 $OUT/modules_presets.log
