@@ -114,3 +114,8 @@ timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda pyth
 tail -4 $OUT/pytest_cuda_h100.log
 timeout 200 python3 benchmarks/bench_modules.py --out /tmp/mod --steps 3 --targets '*.self_attn' --targets preset:qkv --targets preset:core_attn --targets preset:mlp > $OUT/modules_presets.log 2>&1; el modules $?
 cp /tmp/mod/modules_h100.json $OUT/modules_presets_h100.json; cp /tmp/mod/modules_h100.md $OUT/modules_presets_h100.md; tail -14 $OUT/modules_presets.log
+# ---- .gpu/call8.sh ----
+# Session 3, GPU call 8 (H100): hidden_states through the disk tier at 64k with 6 measured steps.
+set +e
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONUNBUFFERED=1
+timeout 280 python3 -m torch_offload.bench --modes checkpointing,hidden_states,hidden_states_disk --seqs 65536 --steps 6 --warmup 1 --disk-dir /tmp --json $OUT/bench_cli_disk_h100_64k_6steps.json --no-progress 2>&1 | tee $OUT/bench_cli_disk_h100_64k_6steps.log | tail -6
