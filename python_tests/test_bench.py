@@ -77,3 +77,14 @@ def test_compile_timeline_plot_writes_a_png(tmp_path):
                           str(tmp_path / "c.png")], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_link_utilisation_is_bytes_over_step_time_times_bandwidth():
+    from torch_offload.bench.runner import add_link_utilisation
+    row = {"step_s": 2.0, "to_host_MB": 1000.0, "to_device_MB": 500.0}
+    add_link_utilisation(row, {"d2h_GBps": 1000.0 * 2**20 / 1e9, "h2d_GBps": 1000.0 * 2**20 / 1e9})
+    # 1000 MB at 1000 MB/s takes 1 s of a 2 s step; 500 MB takes 0.5 s.
+    assert row["d2h_link_use"] == pytest.approx(0.5) and row["h2d_link_use"] == pytest.approx(0.25)
+    baseline = {"step_s": 2.0}
+    add_link_utilisation(baseline, {"d2h_GBps": 1.0, "h2d_GBps": 1.0})
+    assert "d2h_link_use" not in baseline  # a run that copies nothing has no link use

@@ -16,14 +16,15 @@ from pathlib import Path
 
 import torch
 
-from .common import build_llama, gpu_name, new_result, table
+from .common import build_llama, gpu_name, new_result, pinned_bandwidth, table
 from .plot import plot
-from .runner import MODES, SHAPES, VARIANTS, add_ratios, run
+from .runner import MODES, SHAPES, VARIANTS, add_link_utilisation, add_ratios, run
 
 COLUMNS = [("tokens/s", "tokens_per_s", "{:.0f}"), ("x checkpointing", "x_checkpointing", "{:.3f}"),
            ("peak allocated GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
            ("moved MB/step", "moved_MB", "{:.1f}"), ("compute wait ms/step", "compute_wait_ms", "{:.1f}"),
-           ("host wait ms/step", "host_wait_ms", "{:.1f}"), ("disk read MB/step", "disk_read_MB", "{:.1f}"),
+           ("host wait ms/step", "host_wait_ms", "{:.1f}"), ("D2H link use", "d2h_link_use", "{:.2f}"),
+           ("H2D link use", "h2d_link_use", "{:.2f}"), ("disk read MB/step", "disk_read_MB", "{:.1f}"),
            ("read from page cache", "page_cache_share", "{:.2f}"), ("checksum ms/step", "checksum_ms", "{:.1f}")]
 
 
@@ -71,6 +72,9 @@ def _progress(total: int, enabled: bool):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     result = new_result(args, model=args.model, device=args.device)
+    if args.device == "cuda" and any(v in MODES for v in args.variants):
+        # Link use = bytes copied / (step time x this bandwidth), per direction.
+        result["link_bandwidth"] = pinned_bandwidth()
     model = build_llama(args.config, args.device, max(args.seq_list))
     options = {"min_bytes": args.min_bytes, "disk_dir": args.disk_dir, "prefetch_depth": args.prefetch_depth,
                "max_in_flight": args.max_in_flight}
@@ -89,6 +93,9 @@ def main(argv=None) -> dict:
     if bar is not None:
         bar.close()
     add_ratios(result["runs"])
+    if "link_bandwidth" in result:
+        for row in result["runs"]:
+            add_link_utilisation(row, result["link_bandwidth"])
     print(f"{args.model} Llama on {gpu_name(args.device)}, batch 1, median of {args.steps} steps")
     print("\n".join(table(result["runs"], COLUMNS)))
     if args.json:

@@ -5,7 +5,7 @@ import tempfile
 import torch
 
 from ..apply import apply
-from .common import LLAMA3_8B, REFERENCE, TINY, release_memory, timed_steps
+from .common import GB, LLAMA3_8B, REFERENCE, TINY, release_memory, timed_steps
 
 SHAPES = {"reference": REFERENCE, "llama3-8b": LLAMA3_8B, "tiny": TINY}
 BASELINES = ("none", "checkpointing")
@@ -13,6 +13,15 @@ BASELINES = ("none", "checkpointing")
 MODES = ("hidden_states", "hidden_states_disk", "all", "sync", "disk")
 VARIANTS = BASELINES + MODES
 _TAKES_MIN_BYTES = ("all", "sync", "disk")
+
+
+def add_link_utilisation(row: dict, bandwidth: dict) -> None:
+    """Link utilisation of a run of ours per direction: bytes copied / (step time x the link's
+    measured bandwidth, `bandwidth` as pinned_bandwidth() returns it)."""
+    for direction, moved in (("d2h", row.get("to_host_MB")), ("h2d", row.get("to_device_MB"))):
+        if moved is not None and row.get("step_s"):
+            seconds_needed = moved * 2**20 / (bandwidth[direction + "_GBps"] * GB)
+            row[direction + "_link_use"] = seconds_needed / row["step_s"]
 
 
 def run(model, variant: str, seq: int, device: str, warmup: int, steps: int, options: dict,
@@ -48,6 +57,8 @@ def run(model, variant: str, seq: int, device: str, warmup: int, steps: int, opt
             after = handle.stats()
             per_step = {k: (after[k] - before.get(k, 0)) / steps for k in after}
             row["moved_MB"] = (per_step["bytes_to_host"] + per_step["bytes_to_device"]) / 2**20
+            row["to_host_MB"] = per_step["bytes_to_host"] / 2**20
+            row["to_device_MB"] = per_step["bytes_to_device"] / 2**20
             row["compute_wait_ms"] = per_step.get("compute_wait_ms")
             row["host_wait_ms"] = per_step.get("host_wait_ms")
             if per_step.get("disk_bytes_written"):
