@@ -119,3 +119,8 @@ cp /tmp/mod/modules_h100.json $OUT/modules_presets_h100.json; cp /tmp/mod/module
 set +e
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONUNBUFFERED=1
 timeout 280 python3 -m torch_offload.bench --modes checkpointing,hidden_states,hidden_states_disk --seqs 65536 --steps 6 --warmup 1 --disk-dir /tmp --json $OUT/bench_cli_disk_h100_64k_6steps.json --no-progress 2>&1 | tee $OUT/bench_cli_disk_h100_64k_6steps.log | tail -6
+# ---- .gpu/call9.sh ----
+# Session 3, GPU call 9 (H100): the bench CLI's link utilisation per direction at 16k.
+set +e
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONUNBUFFERED=1
+timeout 240 python3 -m torch_offload.bench --modes checkpointing,hidden_states,hidden_states_disk,all --seqs 16384 --steps 3 --warmup 1 --disk-dir /tmp --json $OUT/bench_cli_link_h100.json --no-progress 2>&1 | tee $OUT/bench_cli_link_h100.log | tail -7
