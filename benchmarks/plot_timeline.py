@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from torch_offload.bench.plot import _pyplot  # noqa: E402  (one place that says how to get matplotlib)
+from torch_offload.bench.plot import pyplot  # noqa: E402  (one place that says how to get matplotlib)
 
 
 def main(argv) -> int:
@@ -17,7 +17,7 @@ def main(argv) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     result = json.loads(Path(argv[0]).read_text())
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(9, 4.5))
     for run in result["runs"]:
         line = run.get("timeline_GB")

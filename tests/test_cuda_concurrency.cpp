@@ -3,19 +3,17 @@
 // GPU machine, also under compute-sanitizer (memcheck, racecheck). Skipped without a CUDA device.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
-#include <string>
 #include <thread>
 #include <vector>
 
 #include "csrc/manager.h"
+#include "test_util.h"
 
 #ifdef TORCH_OFFLOAD_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -48,27 +46,16 @@ class CudaConcurrencyTest : public ::testing::TestWithParam<Tier> {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
     ManagerConfig config;
     if (GetParam() == Tier::kDisk) {
-      std::string pattern = (std::filesystem::temp_directory_path() / "to_cuda_XXXXXX").string();
-      dir_ = ::mkdtemp(pattern.data());
-      config.disk_dir = dir_;
+      config.disk_dir = dir_.path();
       config.disk_only = true;
     }
     manager_ = Manager::create(config);
   }
 
-  void TearDown() override {
-    if (manager_) {
-      manager_->synchronize();
-      torch::cuda::synchronize();
-      EXPECT_EQ(manager_->stats().live_handles, 0);
-      EXPECT_EQ(manager_->stats().host_bytes_in_use, 0);
-      manager_.reset();
-    }
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
+  void TearDown() override { testing::expect_nothing_held_and_drop(manager_); }
 
+  testing::TempDir dir_;  // the disk tier's files (unused by the host tier)
   std::shared_ptr<Manager> manager_;
-  std::string dir_;
 };
 
 // Each thread works on its own stream: saves a few tensors produced there, drops them, and restores

@@ -25,15 +25,7 @@ class CudaTransferTest : public ::testing::Test {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   }
 
-  void TearDown() override {
-    if (manager_) {
-      manager_->synchronize();
-      torch::cuda::synchronize();
-      EXPECT_EQ(manager_->stats().live_handles, 0);
-      EXPECT_EQ(manager_->stats().host_bytes_in_use, 0);
-      manager_.reset();
-    }
-  }
+  void TearDown() override { testing::expect_nothing_held_and_drop(manager_); }
 
   static at::TensorOptions cuda(at::ScalarType dtype = at::kFloat) {
     return at::TensorOptions().device(c10::Device(c10::kCUDA, 0)).dtype(dtype);

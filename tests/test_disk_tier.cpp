@@ -30,30 +30,11 @@ using testing::FakeTransfer;
 using testing::finishes_within;
 
 using testing::kCPU;
+using testing::TempDir;
 
 at::Tensor values(int64_t n, int64_t seed) {
   return at::arange(n, at::kFloat).mul_(0.5).add_(static_cast<double>(seed));
 }
-
-// A fresh directory under the system's temporary directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "to_test_XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  // Regular files anywhere below the directory.
-  int files() const {
-    int n = 0;
-    for (auto& e : std::filesystem::recursive_directory_iterator(path_)) n += e.is_regular_file();
-    return n;
-  }
-
- private:
-  std::string path_;
-};
 
 enum class TierKind { kHost, kDisk, kSpill };
 

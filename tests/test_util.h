@@ -3,12 +3,17 @@
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <torch/cuda.h>
 
 #include <chrono>
+#include <filesystem>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 
+#include "csrc/manager.h"
 #include "csrc/manager_config.h"
 
 namespace torch_offload::testing {
@@ -55,6 +60,37 @@ inline ManagerConfig make_config(int64_t max_in_flight, int64_t prefetch_depth =
   config.prefetch_depth = prefetch_depth;
   config.host_budget_bytes = host_budget_bytes;
   return config;
+}
+
+// A fresh directory under the system's temporary directory, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "to_test_XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+  // Regular files anywhere below the directory.
+  int files() const {
+    int n = 0;
+    for (auto& e : std::filesystem::recursive_directory_iterator(path_)) n += e.is_regular_file();
+    return n;
+  }
+
+ private:
+  std::string path_;
+};
+
+// The end of a CUDA test: once the manager's copies and the GPU are done, nothing is held (no
+// live handle, no host bytes in use); then the manager is dropped.
+inline void expect_nothing_held_and_drop(std::shared_ptr<Manager>& manager) {
+  if (!manager) return;
+  manager->synchronize();
+  torch::cuda::synchronize();
+  EXPECT_EQ(manager->stats().live_handles, 0);
+  EXPECT_EQ(manager->stats().host_bytes_in_use, 0);
+  manager.reset();
 }
 
 }  // namespace torch_offload::testing

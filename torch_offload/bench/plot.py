@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
     try:
         import matplotlib
     except ImportError as error:
@@ -22,7 +22,7 @@ def _pyplot():
 
 def plot(result: dict, path) -> None:
     """Writes the PNG of `result` (the dict main() returns / --json writes) to `path`."""
-    plt = _pyplot()
+    plt = pyplot()
     runs = [r for r in result["runs"] if "tokens_per_s" in r]
     variants = list(dict.fromkeys(r["variant"] for r in runs))
     figure, (memory, speed) = plt.subplots(1, 2, figsize=(11, 4.2))
