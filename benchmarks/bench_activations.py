@@ -3,6 +3,8 @@
 offloaded, no recompute) against no offloading and torch.autograd.graph.save_on_cpu.
 
 One process, one random-init LlamaForCausalLM (reference config of DESIGN.md, bf16, SDPA, batch 1):
+  0. variants: none, save_on_cpu, ours (all, sync, disk) and trl (TRL's OffloadActivations, what
+     SFTConfig(activation_offloading=True) runs; needs trl installed; hooks the model, so last);
   1. pinned host<->device bandwidth, measured here (the transfer bound uses it);
   2. per sequence length and variant: median step time, tokens/s, peak allocated / reserved GPU
      memory, bytes moved each way per step, transfer bound = bytes_d2h/bw_d2h + bytes_h2d/bw_h2d
@@ -62,6 +64,14 @@ def build_model(args):
 
 def enable(model, variant, args):
     """Returns (context factory for each step, OffloadHandle or None)."""
+    if variant == "trl":
+        # TRL's OffloadActivations as SFTConfig(activation_offloading=True) sets it up (its defaults:
+        # pinned memory, a side stream, 1 KiB minimum). It hooks the lm_head for good, so run it last.
+        from trl.models.activation_offloading import get_act_offloading_ctx_manager
+
+        on_gpu = args.device == "cuda"
+        offload = get_act_offloading_ctx_manager(model, use_pin_memory=on_gpu, use_streams=on_gpu)
+        return (lambda: offload), None
     if variant == "none":
         return (lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)), None
     if variant == "save_on_cpu":
@@ -79,7 +89,10 @@ def step(model, ids, ctx):
 
 
 def run_variant(model, variant, seq, args):
-    ctx, handle = enable(model, variant, args)
+    try:
+        ctx, handle = enable(model, variant, args)
+    except ImportError as error:  # trl not installed
+        return {"variant": variant, "seq": seq, "error": f"{type(error).__name__}: {error}"}
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
     try:
         for _ in range(args.warmup):
@@ -191,6 +204,7 @@ def markdown(result):
         ("H2D GB/step", "h2d_GB_per_step", "{:.2f}"), ("D2H / distinct (<= 1.05)", "copied_over_distinct", "{:.3f}"),
         ("kept GB/step", "kept_GB_per_step", "{:.2f}"), ("compute wait ms/step", "compute_wait_ms_per_step", "{:.0f}"),
         ("transfer bound s", "transfer_bound_s", "{:.3f}"), ("step / max(none, bound)", "ratio_to_bound", "{:.2f}")])
+    lines += against_trl(result["runs"])
     n = result.get("noise")
     if n:
         lines += ["", f"Gradients at seq {n['seq']} ({n['dtype']}, SDPA), relative L2 error vs plain training: "
@@ -200,6 +214,23 @@ def markdown(result):
     if s:
         lines += ["", f"Soak: {s['steps']} steps of `all` at seq {s['seq']}: spread after step 3 = {s['spread_after_step_3']}; flat: {s['flat']}"]
     return "\n".join(lines) + "\n"
+
+
+def against_trl(runs) -> list:
+    """Issue 13's targets where `all` and TRL ran at one length: step <= 0.9x and peak <= 0.7x TRL's."""
+    lines = []
+    by = {(r["variant"], r["seq"]): r for r in runs if "step_s" in r}
+    for (variant, seq), trl in sorted(by.items()):
+        ours = by.get(("all", seq))
+        if variant != "trl" or ours is None:
+            continue
+        step = ours["step_s"] / trl["step_s"]
+        line = f"seq {seq}: `all` step / TRL step {step:.3f} (target <= 0.9: {step <= 0.9})"
+        if "peak_allocated_GB" in ours and "peak_allocated_GB" in trl:
+            peak = ours["peak_allocated_GB"] / trl["peak_allocated_GB"]
+            line += f"; peak allocated / TRL's {peak:.3f} (target <= 0.7: {peak <= 0.7})"
+        lines.append(line)
+    return [""] + lines if lines else []
 
 
 def main():

@@ -194,3 +194,78 @@ def test_apply_selective_only_in_training_with_grad():
     copy_before = copy.deepcopy(model)
     handle.remove()
     assert torch.equal(model(x), copy_before(x))
+
+
+def _block_seeing_modes(seen):
+    """An AttentionBlock that records, outside its SDPA call, whether a dispatch mode is active."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    block = AttentionBlock()
+    forward = block.forward
+
+    def recording_forward(x):
+        seen.append(_get_current_dispatch_mode() is not None)
+        return forward(x)
+
+    block.forward = recording_forward
+    return block
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_by_name_runs_without_a_mode_per_op_and_matches_the_policy_function(device):
+    # policy="attention" intercepts only the SDPA call; the policy function takes the per-op path
+    # through dispatch modes. Same offloads, same gradients, bit for bit.
+    seen_fast, seen_per_op = [], []
+    fast, per_op = _block_seeing_modes(seen_fast).to(device), _block_seeing_modes(seen_per_op).to(device)
+    per_op.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 16, 32, device=device)
+    m_fast, m_per_op = torch_offload.OffloadManager(), torch_offload.OffloadManager()
+    la = _train([fast], x, lambda b, h: torch_offload.selective_checkpoint(b, h, manager=m_fast, min_bytes=0))
+    lb = _train([per_op], x, lambda b, h: torch_offload.selective_checkpoint(
+        b, h, manager=m_per_op, policy=policies.attention, min_bytes=0))
+    assert torch.equal(la, lb)
+    assert_same_grads(fast, per_op)
+    for key in ("saves", "restores", "bytes_to_host"):
+        assert m_fast.stats()[key] == m_per_op.stats()[key]
+    assert seen_fast == [False, False]  # forward and recompute: no mode around the block's ops
+    assert seen_per_op == [True, True]
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention  # put back
+
+
+def test_attention_by_name_leaves_other_threads_sdpa_alone():
+    import threading
+
+    other = {}
+    q = torch.randn(1, 2, 16, 8)
+
+    def other_thread_call():
+        other["out"] = F.scaled_dot_product_attention(q, q, q)
+
+    def fn(x):  # while this block runs, another thread's SDPA call must not be offloaded
+        thread = threading.Thread(target=other_thread_call)
+        thread.start()
+        thread.join()
+        return AttentionBlock()(x)
+
+    manager = torch_offload.OffloadManager()
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    torch_offload.selective_checkpoint(fn, x, manager=manager, min_bytes=0).sum().backward()
+    # This block's input, attention output and logsumexp: nothing from the other thread.
+    assert manager.stats()["saves"] == 3
+    assert torch.equal(other["out"], torch._C._nn.scaled_dot_product_attention(q, q, q))
+
+
+def test_attention_by_name_warns_when_the_block_does_not_call_sdpa(monkeypatch):
+    from torch_offload import attention_offload
+
+    monkeypatch.setattr(attention_offload, "_warned", False)
+    sdpa_imported_early = torch._C._nn.scaled_dot_product_attention
+
+    def fn(x):
+        q = x.view(2, 16, 4, 8).transpose(1, 2)
+        return sdpa_imported_early(q, q, q, is_causal=True).sum()
+
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    with pytest.warns(UserWarning, match="policy=torch_offload.policies.attention"):
+        torch_offload.selective_checkpoint(fn, x, min_bytes=0).backward()
+    assert x.grad is not None

@@ -22,6 +22,7 @@ from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, Selective
 
 from ._ops import offload_restore, offload_save
 from .activations import _compact, _Packed, _rebuild
+from .attention_offload import attention_offload_contexts
 from .checkpoint import checkpoint as offload_checkpoint
 from .manager import default_manager
 from .policies import resolve
@@ -164,5 +165,8 @@ def checkpoint(function, *args, policy="attention", manager=None, min_bytes=DEFA
     if "context_fn" in kwargs:
         raise ValueError("torch_offload.selective_checkpoint: pass policy=, not context_fn=")
     manager = manager if manager is not None else default_manager()
-    context_fn = functools.partial(selective_offload_contexts, policy, manager, min_bytes)
+    if isinstance(policy, str) and policy == "attention":  # one intercepted call, not a mode per op
+        context_fn = functools.partial(attention_offload_contexts, _Offloaded(manager, min_bytes))
+    else:
+        context_fn = functools.partial(selective_offload_contexts, policy, manager, min_bytes)
     return offload_checkpoint(function, *args, context_fn=context_fn, manager=manager, **kwargs)
