@@ -269,3 +269,59 @@ def test_attention_by_name_warns_when_the_block_does_not_call_sdpa(monkeypatch):
     with pytest.warns(UserWarning, match="policy=torch_offload.policies.attention"):
         torch_offload.selective_checkpoint(fn, x, min_bytes=0).backward()
     assert x.grad is not None
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_llama_attention_qkv_offloads_the_projections_and_matches_hf_with_torch_sac(dropout):
+    # The q/k/v products come back from host memory in the recompute instead of being recomputed:
+    # the same values, so gradients stay bit-equal to torch's selective checkpointing.
+    ours, theirs = _tiny_llama("cpu", dropout), _tiny_llama("cpu", dropout)
+    handle = torch_offload.apply(ours, "selective", ours.model.layers, policy="attention_qkv", min_bytes=0)
+    theirs.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+        "use_reentrant": False, "context_fn": torch_sac_attention})
+    _steps_match_plain(ours, theirs, "cpu", steps=2)
+    stats = handle.stats()
+    hidden = 2 * 32 * 64 * 4
+    attention = 0 if dropout else hidden + 2 * 4 * 32 * 4  # with dropout SDPA runs as math ops on CPU
+    projections = 2 * 32 * (64 + 32 + 32) * 4  # q (4 heads), k and v (2 heads) of 16
+    assert stats["bytes_to_host"] == 2 * 3 * (hidden + attention + projections)
+    assert stats["live_handles"] == 0
+    handle.remove()
+    assert F.linear is torch._C._nn.linear and "forward" not in ours.model.layers[0].__dict__
+
+
+def test_attention_qkv_skips_the_projection_products_in_the_recompute():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountMatmuls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+            return func(*args, **(kwargs or {}))
+
+    def matmuls_in_backward(policy):
+        model = _tiny_llama("cpu", 0.0)
+        handle = torch_offload.apply(model, "selective", model.model.layers, policy=policy, min_bytes=0)
+        ids = torch.randint(0, 256, (2, 32))
+        loss = model(input_ids=ids, labels=ids).loss
+        with CountMatmuls() as counter:
+            loss.backward()
+        handle.remove()
+        return counter.count
+
+    # 3 layers x (q, k, v): products restored, not recomputed.
+    assert matmuls_in_backward("attention") - matmuls_in_backward("attention_qkv") == 9
+
+
+def test_attention_qkv_errors_name_the_case():
+    with pytest.raises(ValueError, match="has no query/key/value projections"):
+        torch_offload.apply(nn.Sequential(nn.Linear(2, 2)), "selective", policy="attention_qkv",
+                            blocks=[nn.Linear(2, 2)])
+    with pytest.raises(ValueError, match="pass the block as `function`"):
+        torch_offload.selective_checkpoint(lambda t: t.sin(), torch.randn(2, requires_grad=True),
+                                           policy="attention_qkv")
+    with pytest.raises(ValueError, match="'attention_qkv' is eager only"):
+        torch_offload.compile(nn.Linear(2, 2), "selective", policy="attention_qkv", blocks=[])

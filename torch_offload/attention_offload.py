@@ -1,4 +1,5 @@
-"""The "attention" selective policy without a dispatch mode over the whole block.
+"""The named selective policies "attention" and "attention_qkv" without a dispatch mode over the
+whole block.
 
 Through torch's selective checkpointing, every op of a block (forward and recompute) passes through
 two Python dispatch modes so that the policy can pick out the one op that matters: tens of
@@ -7,7 +8,10 @@ intercepts only that op's caller: while a block checkpointed by us runs, the mod
 torch.nn.functional.scaled_dot_product_attention is a wrapper, and inside that one call the same
 offload mode as the policy path (selective._OffloadMode) offloads the fused kernel's outputs in
 forward and returns them restored in the recompute. Every other op runs at full speed, and the rest
-of the block is recomputed as under plain checkpointing.
+of the block is recomputed as under plain checkpointing. "attention_qkv" also offloads the outputs of
+the block's query/key/value projections (module_presets' "qkv" modules): torch.nn.functional.linear
+is wrapped the same way, and only calls with one of those modules' weights are intercepted, so the
+recompute skips their matrix products too (their backward still gets its recomputed input).
 
 The wrapper is installed while at least one such block runs (in any thread) and removed after, so
 code outside our blocks, compiled or not, sees torch's own function. Models that call SDPA through a
@@ -17,16 +21,28 @@ function (policy=torch_offload.policies.attention), which takes the per-op path.
 """
 import threading
 import warnings
+import weakref
 
+import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy
 
 from . import policies
+from .module_presets import preset_modules
+
+FAST_POLICIES = ("attention", "attention_qkv")
+SAVES_PER_BLOCK = {"attention": 3, "attention_qkv": 6}  # its input, q, k, v, attention output, logsumexp
+_MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default})
 
 _scopes = threading.local()  # .stack: the scopes entered in this thread, innermost last
 _install_lock = threading.Lock()
 _install_count = 0
-_torch_sdpa = None  # the function the attribute held when we installed ours, restored after
+# The functions the attributes held when we installed ours, put back after.
+_torch_sdpa = None
+_torch_linear = None
 _warned = False
+_projections = weakref.WeakKeyDictionary()  # block -> its q/k/v projection Linear modules
 
 
 def _offloading_sdpa(*args, **kwargs):
@@ -35,16 +51,24 @@ def _offloading_sdpa(*args, **kwargs):
         return _torch_sdpa(*args, **kwargs)
     scope = stack[-1]
     scope.calls += 1
-    with scope.mode:
+    with scope.attention_mode:
         return _torch_sdpa(*args, **kwargs)
 
 
+def _offloading_linear(input, weight, bias=None):
+    stack = getattr(_scopes, "stack", None)
+    if stack and any(weight is w for w in stack[-1].projection_weights):
+        with stack[-1].matmul_mode:
+            return _torch_linear(input, weight, bias)
+    return _torch_linear(input, weight, bias)
+
+
 def _install():
-    global _install_count, _torch_sdpa
+    global _install_count, _torch_sdpa, _torch_linear
     with _install_lock:
         if _install_count == 0:
-            _torch_sdpa = F.scaled_dot_product_attention
-            F.scaled_dot_product_attention = _offloading_sdpa
+            _torch_sdpa, _torch_linear = F.scaled_dot_product_attention, F.linear
+            F.scaled_dot_product_attention, F.linear = _offloading_sdpa, _offloading_linear
         _install_count += 1
 
 
@@ -53,16 +77,40 @@ def _uninstall():
     with _install_lock:
         _install_count -= 1
         if _install_count == 0:
-            F.scaled_dot_product_attention = _torch_sdpa
+            F.scaled_dot_product_attention, F.linear = _torch_sdpa, _torch_linear
+
+
+def _offload_matmuls(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_CPU_OFFLOAD if op in _MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def projection_weights(block: nn.Module) -> tuple:
+    """The weights of the Linear modules in `block`'s query/key/value projections, read now (FSDP2
+    swaps a module's parameters between sharded and unsharded ones)."""
+    modules = _projections.get(block)
+    if modules is None:
+        try:
+            names = preset_modules(block, "qkv").include
+        except ValueError:  # selects nothing
+            names = []
+        modules = tuple(m for name in names for m in block.get_submodule(name).modules() if isinstance(m, nn.Linear))
+        if not modules:
+            raise ValueError(f"torch_offload selective policy='attention_qkv': {type(block).__name__} has no "
+                             "query/key/value projections (q_proj, k_proj, v_proj, qkv_proj, ... inside an "
+                             "attention module); use policy='attention'")
+        _projections[block] = modules
+    return tuple(m.weight for m in modules)
 
 
 class _Scope:
     """The forward or the recompute run of one checkpointed block."""
 
-    def __init__(self, offloaded, is_recompute: bool):
+    def __init__(self, offloaded, is_recompute: bool, projection_weights: tuple):
         from .selective import _OffloadMode  # selective imports this module
 
-        self.mode = _OffloadMode(policies.attention, offloaded, is_recompute)
+        self.attention_mode = _OffloadMode(policies.attention, offloaded, is_recompute)
+        self.matmul_mode = _OffloadMode(_offload_matmuls, offloaded, is_recompute)
+        self.projection_weights = projection_weights
         self.is_recompute = is_recompute
         self.calls = 0
 
@@ -93,7 +141,8 @@ def _warn_not_intercepted():
             "attention ops per op, at a higher cost per op", stacklevel=3)
 
 
-def attention_offload_contexts(offloaded):
+def attention_offload_contexts(offloaded, projection_weights: tuple = ()):
     """context_fn for torch_offload.checkpoint: the forward and the recompute scope of one block,
-    sharing `offloaded` (selective._Offloaded: the handles of the outputs, in call order)."""
-    return _Scope(offloaded, is_recompute=False), _Scope(offloaded, is_recompute=True)
+    sharing `offloaded` (selective._Offloaded: the handles of the outputs, in call order); calls of
+    torch.nn.functional.linear with one of `projection_weights` have their products offloaded too."""
+    return (_Scope(offloaded, False, projection_weights), _Scope(offloaded, True, projection_weights))

@@ -15,6 +15,7 @@ import functools
 from collections import defaultdict
 
 import torch
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, SelectiveCheckpointContext,
@@ -22,7 +23,7 @@ from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, Selective
 
 from ._ops import offload_restore, offload_save
 from .activations import _compact, _Packed, _rebuild
-from .attention_offload import attention_offload_contexts
+from .attention_offload import FAST_POLICIES, attention_offload_contexts, projection_weights
 from .checkpoint import checkpoint as offload_checkpoint
 from .manager import default_manager
 from .policies import resolve
@@ -159,14 +160,26 @@ def selective_offload_contexts(policy="attention", manager=None, min_bytes=DEFAU
             _Modes(keep_recompute, _OffloadMode(policy_fn, offloaded, is_recompute=True)))
 
 
-def checkpoint(function, *args, policy="attention", manager=None, min_bytes=DEFAULT_MIN_BYTES, **kwargs):
+def checkpoint(function, *args, policy="attention", manager=None, min_bytes=DEFAULT_MIN_BYTES, block=None,
+               **kwargs):
     """torch_offload.checkpoint (the first tensor input offloaded, the block recomputed in backward)
-    with a selective offload policy inside the block; other keywords as in torch_offload.checkpoint."""
+    with a selective offload policy inside the block; other keywords as in torch_offload.checkpoint.
+
+    policy="attention" and "attention_qkv" intercept only the calls that matter (attention_offload.py);
+    "attention_qkv" needs the block's module, to find its q/k/v projections: `function` itself when
+    it is an nn.Module, else `block=`. A policy function takes the per-op path (dispatch modes)."""
     if "context_fn" in kwargs:
         raise ValueError("torch_offload.selective_checkpoint: pass policy=, not context_fn=")
     manager = manager if manager is not None else default_manager()
-    if isinstance(policy, str) and policy == "attention":  # one intercepted call, not a mode per op
-        context_fn = functools.partial(attention_offload_contexts, _Offloaded(manager, min_bytes))
+    if isinstance(policy, str) and policy in FAST_POLICIES:  # intercepted calls, not a mode per op
+        weights = ()
+        if policy == "attention_qkv":
+            block = block if block is not None else function
+            if not isinstance(block, nn.Module):
+                raise ValueError("torch_offload.selective_checkpoint(policy='attention_qkv'): pass the block as "
+                                 "`function` (an nn.Module) or as block=, to find its q/k/v projections")
+            weights = projection_weights(block)
+        context_fn = functools.partial(attention_offload_contexts, _Offloaded(manager, min_bytes), weights)
     else:
         context_fn = functools.partial(selective_offload_contexts, policy, manager, min_bytes)
     return offload_checkpoint(function, *args, context_fn=context_fn, manager=manager, **kwargs)

@@ -6,6 +6,8 @@ from torch import nn
 from ..blocks import BlockForward
 from ..handle import OffloadHandle, blocks_to_wrap
 from ..manager import OffloadManager
+from ..attention_offload import FAST_POLICIES, projection_weights
+from ..attention_offload import SAVES_PER_BLOCK as FAST_SAVES_PER_BLOCK
 from ..policies import SAVES_PER_BLOCK, resolve
 from ..selective import DEFAULT_MIN_BYTES
 from ..selective import checkpoint as selective_checkpoint
@@ -17,9 +19,14 @@ def apply_selective(model: nn.Module, blocks, manager, options: dict) -> Offload
     options = dict(options)
     policy = options.pop("policy", "attention")
     min_bytes = options.pop("min_bytes", DEFAULT_MIN_BYTES)
-    resolve(policy, "torch_offload.apply(mode='selective')")  # fail now, not at the first forward
+    if policy not in FAST_POLICIES:
+        resolve(policy, "torch_offload.apply(mode='selective')")  # fail now, not at the first forward
     blocks = blocks_to_wrap(model, blocks)
-    options.setdefault("prefetch_depth", SAVES_PER_BLOCK)
+    if policy == "attention_qkv":
+        for block in blocks:
+            projection_weights(block)  # fail now for a block without q/k/v projections
+    # Backward prefetches the next block's saves, so that it never waits on their copies.
+    options.setdefault("prefetch_depth", FAST_SAVES_PER_BLOCK.get(policy, SAVES_PER_BLOCK))
     manager = manager if manager is not None else OffloadManager(**options)
     handle = OffloadHandle(model, "selective", manager)
     for block in blocks:
@@ -37,5 +44,5 @@ class _SelectiveForward(BlockForward):
     def __call__(self, *args, **kwargs):
         if self.training_with_grad():
             return selective_checkpoint(self.run, *args, policy=self.policy, manager=self.manager,
-                                        min_bytes=self.min_bytes, **kwargs)
+                                        min_bytes=self.min_bytes, block=self.block, **kwargs)
         return self.run(*args, **kwargs)
