@@ -36,6 +36,22 @@ def test_mode_under_fsdp2_matches_plain_fsdp2(results, case):
     assert results[case] == "ok", results[case]
 
 
+CHUNKED_CASES = [f"{mode}-{order}{variant}" for mode in fsdp2_cases.CHUNKED_MODES for order in fsdp2_cases.ORDERS
+                 for variant in ("", "-head_unit")]
+
+
+@pytest.fixture(scope="module")
+def chunked_results():
+    return run_ranks(fsdp2_cases.run_all, 2, CHUNKED_CASES, timeout_s=300)
+
+
+@pytest.mark.parametrize("case", CHUNKED_CASES)
+def test_chunked_loss_under_fsdp2_matches_plain_fsdp2(chunked_results, case):
+    """The LM head's weight is gathered by FSDP2 (the root's unit, or its own unit that reshards right
+    after its forward) for the chunked loss in forward and again for its backward."""
+    assert chunked_results[case] == "ok", chunked_results[case]
+
+
 def _bench_module():
     spec = importlib.util.spec_from_file_location("bench_fsdp2", ROOT / "benchmarks" / "bench_fsdp2.py")
     module = importlib.util.module_from_spec(spec)
