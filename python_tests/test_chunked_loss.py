@@ -196,3 +196,19 @@ def test_models_it_cannot_serve_are_refused_by_name():
     assert "forward" not in model.__dict__
     with pytest.raises(ValueError, match="chunk_tokens=0"):
         torch_offload.apply(tiny_llama(), "hidden_states", chunked_loss=0)
+
+
+def test_deepcopy_of_a_chunked_model_is_chunked_on_its_own_weights():
+    import copy
+
+    ids, labels = batch()
+    model = tiny_llama()
+    handle = torch_offload.apply(model, "hidden_states", chunked_loss=8)
+    copied, copied_handle = copy.deepcopy((model, handle))
+    with torch.no_grad():
+        copied.lm_head.weight.mul_(2)  # the copy's loss must use the copy's LM head
+    out, out_copy = model(input_ids=ids, labels=labels), copied(input_ids=ids, labels=labels)
+    assert out.logits is None and out_copy.logits is None and not torch.equal(out.loss, out_copy.loss)
+    copied_handle.remove()
+    assert copied(input_ids=ids, labels=labels).logits is not None
+    assert model(input_ids=ids, labels=labels).logits is None  # the original stays chunked
