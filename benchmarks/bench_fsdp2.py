@@ -7,15 +7,18 @@ sharded, then materialised: no rank ever holds the whole model). Variants:
   ckpt       FSDP2 + torch gradient checkpointing (non-reentrant), the baseline
   hs_before  apply(model, "hidden_states") before fully_shard
   hs_after   apply(model, "hidden_states") after fully_shard
+  hs_chunked apply(model, "hidden_states", chunked_loss=True) before fully_shard: the loss computed
+             over chunks of tokens, never the whole sequence's logits (torch_offload/chunked_loss.py)
   all        apply(model, "all") after fully_shard (only at --all-seqs: it moves every activation)
 Per rank: median step time, tokens/s, peak allocated / reserved GPU memory over the measured steps,
 bytes moved (manager stats). Per variant against ckpt: tokens/s ratio and peak memory freed over
 the checkpoint-boundary bytes L*S*h*elem of one rank.
 
 --longest: the longest sequence per rank that trains (one step, warm-up included) for ckpt and for
---longest-ours on --longest-shape (default llama3_8b): doubling from --longest-start, then bisection
-in --longest-step steps; every try in a fresh model, OOM caught (all ranks agree on each outcome).
-Then both run timed at the longest length both fit.
+each of --longest-ours (comma-separated, in that order) on --longest-shape (default llama3_8b):
+doubling from --longest-start, then bisection in --longest-step steps, up to --longest-max; every try
+in a fresh model, OOM caught (all ranks agree on each outcome). Then all run timed at the longest
+length all fit. --seqs "" skips the table of timed runs before the search.
 
 Rank 0 writes <out>/fsdp2_<gpu>x<N>.json and .md (rewritten after every run).
 GPU (2x H200): torchrun --nproc_per_node=2 benchmarks/bench_fsdp2.py --longest --out DIR
@@ -38,7 +41,7 @@ import torch_offload  # noqa: E402
 from benchmarks.common import (GB, LLAMA3_8B, REFERENCE, TINY, add_run_args, finish_run_args, log,  # noqa: E402
                                new_result, release_memory, short_gpu_name, table, timed_steps)
 
-VARIANTS = ("ckpt", "hs_before", "hs_after", "all")
+VARIANTS = ("ckpt", "hs_before", "hs_after", "hs_chunked", "all")
 SHAPES = {"reference": REFERENCE, "llama3_8b": LLAMA3_8B}
 
 
@@ -62,6 +65,8 @@ def build_sharded(args, shape: dict, seq: int, variant: str):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     elif variant == "hs_before":
         handle = torch_offload.apply(model, "hidden_states")
+    elif variant == "hs_chunked":
+        handle = torch_offload.apply(model, "hidden_states", chunked_loss=True)
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
@@ -224,7 +229,8 @@ def main():
     p.add_argument("--all-seqs", default="16384", help="lengths at which the all variant runs")
     p.add_argument("--longest", action="store_true", help="run the longest-sequence search")
     p.add_argument("--longest-shape", default="llama3_8b", choices=sorted(SHAPES))
-    p.add_argument("--longest-ours", default="hs_before", choices=VARIANTS[1:])
+    p.add_argument("--longest-ours", default="hs_before,hs_chunked",
+                   help="variants searched after ckpt, comma-separated: " + ",".join(VARIANTS[1:]))
     p.add_argument("--longest-start", type=int, default=32768)
     p.add_argument("--longest-step", type=int, default=4096)
     p.add_argument("--longest-max", type=int, default=262144)
@@ -232,6 +238,10 @@ def main():
     p.add_argument("--deadline-s", type=float, default=0.0,
                    help="start no run after this many seconds (0: none); what was skipped is recorded")
     args = finish_run_args(p.parse_args(), SHAPES[p.parse_args().shape])
+    args.longest_variants = ["ckpt"] + [v for v in args.longest_ours.split(",") if v]
+    unknown = [v for v in args.longest_variants[1:] if v not in VARIANTS[1:]]
+    if unknown:
+        p.error(f"--longest-ours {args.longest_ours}: unknown variant(s) {unknown}; choose from {VARIANTS[1:]}")
     if args.tiny:
         args.all_seqs = ",".join(str(s) for s in args.seq_list)
         args.longest_start, args.longest_step, args.longest_max = 64, 32, 256
@@ -275,15 +285,16 @@ def main():
         result["longest_shape"] = "tiny" if args.tiny else args.longest_shape
         result["longest"], result["longest_timed"] = {}, []
         try:
-            for variant in ("ckpt", args.longest_ours):
+            for variant in args.longest_variants:
                 result["longest"][variant] = longest(args, shape, variant, result)
+                save()
         except TimeoutError as error:
             result["skipped"] = result.get("skipped", []) + [str(error)]
-        both = min(result["longest"].values()) if len(result["longest"]) == 2 else 0
-        for variant in ("ckpt", args.longest_ours):
-            if both == 0 or past_deadline(args):
+        every = min(result["longest"].values()) if len(result["longest"]) == len(args.longest_variants) else 0
+        for variant in args.longest_variants:
+            if every == 0 or past_deadline(args):
                 break
-            rows = gather(run(args, shape, both, variant, warmup=1, steps=2))
+            rows = gather(run(args, shape, every, variant, warmup=1, steps=2))
             if rows is not None:
                 result["longest_timed"].append(summarise(rows, shape, elem_bytes))
         compare_with_ckpt(result["longest_timed"])

@@ -26,5 +26,5 @@ def finish_run_args(args, shape: dict, tiny_shape: dict = TINY, tiny_seqs: str =
     args.config = tiny_shape if args.tiny else shape
     if args.tiny and "--seqs" not in sys.argv:
         args.seqs = tiny_seqs
-    args.seq_list = [int(s) for s in args.seqs.split(",")]
+    args.seq_list = [int(s) for s in args.seqs.split(",") if s]  # --seqs "": none
     return args

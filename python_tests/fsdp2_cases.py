@@ -2,7 +2,8 @@
 decoder layer and the root) trained with each torch_offload mode, applied before or after
 fully_shard, against the same model under plain FSDP2 (with torch's gradient checkpointing for
 hidden_states, whose recompute ours replaces). Losses and gradients (full_tensor() of each
-gradient) must be bit-equal in fp32.
+gradient) must be bit-equal in fp32; with the chunked loss (alone or with hidden_states; the LM head
+in the root's unit or in its own) equal within fp32 summation-order tolerance.
 
 Each case returns "ok" or the error it met; comparisons run only after every collective of the
 case, so that a rank whose check fails does not leave the other waiting in a collective.
@@ -16,6 +17,7 @@ import torch_offload
 
 MODES = ("hidden_states", "all", "sync", "modules")
 ORDERS = ("before", "after")  # apply() before or after fully_shard
+CHUNKED_MODES = ("chunked_loss", "hidden_states+chunked_loss")
 
 
 def tiny_llama(dropout=0.1):
@@ -28,8 +30,11 @@ def tiny_llama(dropout=0.1):
     return LlamaForCausalLM(config).train()
 
 
-def shard(model, *, nested=False, **fsdp_options):
-    """fully_shard on every decoder layer (and, nested, on its attention and MLP first) and the root."""
+def shard(model, *, nested=False, head_unit=False, **fsdp_options):
+    """fully_shard on every decoder layer (and, nested, on its attention and MLP first), with
+    head_unit on the LM head, and on the root."""
+    if head_unit:  # its own unit: gathered for its forward only, resharded right after
+        fully_shard(model.lm_head, **fsdp_options)
     for layer in model.model.layers:
         if nested:
             fully_shard(layer.self_attn, **fsdp_options)
@@ -40,6 +45,10 @@ def shard(model, *, nested=False, **fsdp_options):
 
 
 def apply_mode(model, mode):
+    if mode == "chunked_loss":
+        return torch_offload.chunk_lm_loss(model, chunk_tokens=24)  # 64 tokens per rank: 3 chunks
+    if mode == "hidden_states+chunked_loss":
+        return torch_offload.apply(model, mode="hidden_states", chunked_loss=24)
     if mode == "hidden_states":
         return torch_offload.apply(model, mode=mode)
     if mode == "modules":
@@ -62,7 +71,7 @@ def train_both(mode, order, rank, steps=2, **fsdp_options):
     """Trains ours and plain FSDP2 side by side; returns per step (loss ours, loss plain, full
     gradients ours, full gradients plain) and the offloading handle."""
     ours, plain = tiny_llama(), tiny_llama()
-    if mode == "hidden_states":
+    if mode.startswith("hidden_states"):
         plain.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if order == "before":
         handle = apply_mode(ours, mode)
@@ -79,6 +88,15 @@ def train_both(mode, order, rank, steps=2, **fsdp_options):
         loss_ours, loss_plain = _step(ours, ids), _step(plain, ids)
         results.append((loss_ours, loss_plain, _full_grads(ours), _full_grads(plain)))
     return results, handle
+
+
+def check_chunked(results, handle):
+    """Chunked loss: equal to plain FSDP2 within fp32 summation-order tolerance (chunked_loss.py)."""
+    for step, (loss_ours, loss_plain, grads_ours, grads_plain) in enumerate(results):
+        assert grads_plain and grads_ours.keys() == grads_plain.keys(), (step, sorted(grads_ours))
+        for name, a, b in [("loss", loss_ours, loss_plain)] + [
+                (name, grads_ours[name], grads_plain[name]) for name in grads_plain]:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"step {step} {name}: {m}")
 
 
 def check(results, handle, exact=True):
@@ -119,5 +137,10 @@ def run_all(rank, world_size, selected=None):
         # FSDP2's own parameter offload (sharded parameters in host memory) together with ours.
         cases[f"{mode}-after-cpu_offload"] = lambda m=mode: check(
             *train_both(m, "after", rank, offload_policy=CPUOffloadPolicy(pin_memory=False)))
+    for order in ORDERS:
+        for mode in CHUNKED_MODES:
+            cases[f"{mode}-{order}"] = lambda m=mode, o=order: check_chunked(*train_both(m, o, rank))
+            cases[f"{mode}-{order}-head_unit"] = lambda m=mode, o=order: check_chunked(
+                *train_both(m, o, rank, head_unit=True))
     names = selected if selected is not None else list(cases)
     return {name: _run(cases[name]) for name in names}

@@ -36,6 +36,22 @@ def test_mode_under_fsdp2_matches_plain_fsdp2(results, case):
     assert results[case] == "ok", results[case]
 
 
+CHUNKED_CASES = [f"{mode}-{order}{variant}" for mode in fsdp2_cases.CHUNKED_MODES for order in fsdp2_cases.ORDERS
+                 for variant in ("", "-head_unit")]
+
+
+@pytest.fixture(scope="module")
+def chunked_results():
+    return run_ranks(fsdp2_cases.run_all, 2, CHUNKED_CASES, timeout_s=300)
+
+
+@pytest.mark.parametrize("case", CHUNKED_CASES)
+def test_chunked_loss_under_fsdp2_matches_plain_fsdp2(chunked_results, case):
+    """The LM head's weight is gathered by FSDP2 (the root's unit, or its own unit that reshards right
+    after its forward) for the chunked loss in forward and again for its backward."""
+    assert chunked_results[case] == "ok", chunked_results[case]
+
+
 def _bench_module():
     spec = importlib.util.spec_from_file_location("bench_fsdp2", ROOT / "benchmarks" / "bench_fsdp2.py")
     module = importlib.util.module_from_spec(spec)
@@ -70,9 +86,10 @@ def test_bench_fsdp2_cpu_smoke(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "fsdp2_cpux2_tiny.json").read_text())
     assert [(r["variant"], r["seq"]) for r in result["runs"]] == [
-        ("ckpt", 64), ("hs_before", 64), ("hs_after", 64), ("all", 64)]
+        ("ckpt", 64), ("hs_before", 64), ("hs_after", 64), ("hs_chunked", 64), ("all", 64)]
     assert all("error" not in r and len(r["per_rank"]) == 2 for r in result["runs"])
     assert all(r["GB_to_host_per_step"] > 0 for r in result["runs"][1:])
-    assert result["longest"] == {"ckpt": 256, "hs_before": 256}  # the cap: nothing runs out of memory on CPU
-    assert [r["variant"] for r in result["longest_timed"]] == ["ckpt", "hs_before"]
+    # the cap: nothing runs out of memory on CPU
+    assert result["longest"] == {"ckpt": 256, "hs_before": 256, "hs_chunked": 256}
+    assert [r["variant"] for r in result["longest_timed"]] == ["ckpt", "hs_before", "hs_chunked"]
     assert (tmp_path / "fsdp2_cpux2_tiny.md").exists()

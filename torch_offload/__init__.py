@@ -8,9 +8,11 @@ from .activations import offload_activations
 from .apply import OffloadHandle, apply
 from .blocks import find_blocks
 from .checkpoint import checkpoint
+from .chunked_loss import chunked_causal_lm_loss
 from .compile import OffloadPartitioner, compile
 from .empty_steps import NothingOffloadedWarning
 from .layers import LayerOffloadHandle, offload_layers
+from .lm_loss import ChunkedLossHandle, chunk_lm_loss
 from .manager import OffloadManager, default_manager, reset_stats, stats
 from .modules import ModuleOffloadHandle, offload_modules, select_modules
 from .node_budget import gather_stats
@@ -30,6 +32,7 @@ def __getattr__(name):
 
 
 __all__ = [
+    "ChunkedLossHandle",
     "LayerOffloadHandle",
     "ModuleOffloadHandle",
     "NothingOffloadedWarning",
@@ -37,6 +40,8 @@ __all__ = [
     "OffloadManager",
     "apply",
     "checkpoint",
+    "chunk_lm_loss",
+    "chunked_causal_lm_loss",
     "compile",
     "OffloadPartitioner",
     "default_manager",

@@ -22,11 +22,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ._ops import offload_restore, offload_save
 
-try:  # DTensor (tensor parallel / FSDP2 shards): offload the local shard, rebuild on restore
-    from torch.distributed.tensor import DTensor
-except ImportError:  # torch built without distributed
-    DTensor = None
 from . import node_budget, weight_tokens
+from .dtensors import is_dtensor as _is_dtensor
+from .dtensors import join_local, split_local
 from .copies import NotPicklable
 from .empty_steps import StepCounts
 from .manager import OffloadManager, register_stats_source
@@ -70,10 +68,6 @@ def _compact(t: torch.Tensor):
 
 def _rebuild(restored: torch.Tensor, packed: _Packed) -> torch.Tensor:
     return rebuild_layout(restored, packed.permutation, packed.expanded_sizes)
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return DTensor is not None and isinstance(t, DTensor)
 
 
 def _is_weight(t: torch.Tensor) -> bool:
@@ -190,10 +184,11 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
             if _is_dtensor(t):
                 if _is_weight(t):
                     return t
-                packed = pack_local(t.to_local())
+                local, spec = split_local(t)
+                packed = pack_local(local)
                 if isinstance(packed, torch.Tensor):
                     return t  # the shard stays (small, or a weight)
-                packed.dtensor_spec = (t.device_mesh, t.placements, t.shape, t.stride())
+                packed.dtensor_spec = spec
                 return packed
             nbytes = t.numel() * t.element_size()
             if (
@@ -236,11 +231,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
                 restored = packed.unpack(manager_id)
             else:
                 restored = _rebuild(offload_restore(packed.handle, packed.device, manager_id), packed)
-            if packed.dtensor_spec is not None:
-                mesh, placements, shape, stride = packed.dtensor_spec
-                restored = DTensor.from_local(restored, mesh, placements, run_check=False,
-                                              shape=shape, stride=stride)
-            return restored
+            return join_local(restored, packed.dtensor_spec)
 
         super().__init__(pack, unpack)
 

@@ -8,7 +8,9 @@ from typing import Iterable, Optional
 from torch import nn
 
 from .handle import OffloadHandle, blocks_to_wrap
+from .chunked_loss import DEFAULT_CHUNK_TOKENS
 from .layers import offload_layers
+from .lm_loss import chunk_lm_loss
 from .modes.activations_all import apply_all, apply_disk, apply_sync
 from .modes.hidden_states import apply_hidden_states
 from .modes.modules import apply_modules
@@ -44,6 +46,7 @@ def apply(
     manager=None,
     *,
     layer_offloading: bool = False,
+    chunked_loss=False,
     **options,
 ) -> OffloadHandle:
     """Turns on offloading for `model` and returns an OffloadHandle (stats(), remove()).
@@ -75,6 +78,10 @@ def apply(
     layer_offloading=True: the frozen weights of every block also live in host memory and are
     brought to the GPU only while the block runs (see offload_layers); handle.layers.stats().
 
+    chunked_loss=True (or a number of tokens per chunk, default 2048): a Hugging Face causal LM
+    trained with labels computes its loss over chunks of tokens without materialising the logits,
+    and returns logits=None (see chunk_lm_loss); handle.chunked_loss.
+
     `blocks` defaults to the decoder layers of a Hugging Face model (Llama, Qwen, Mistral and
     similar, PEFT-wrapped too); pass any list of modules for other models. `manager` defaults to
     a new OffloadManager built from the options max_in_flight, prefetch_depth, host_budget_bytes
@@ -97,17 +104,20 @@ def apply(
         if default_none in options and options[default_none] is None:
             del options[default_none]  # the default, written out
     blocks = list(blocks) if blocks is not None else None
-    # Layer offloading goes innermost: its weights must be on the device inside the checkpoint's
-    # recompute and inside activation hooks.
-    layers = None
-    if layer_offloading:
-        blocks = blocks_to_wrap(model, blocks)
-        layers = offload_layers(model, blocks)
+    layers = loss = None
+    if chunked_loss is not False and chunked_loss is not None:  # the LM head and loss, not the blocks
+        loss = chunk_lm_loss(model, DEFAULT_CHUNK_TOKENS if chunked_loss is True else chunked_loss)
     try:
+        # Layer offloading goes innermost: its weights must be on the device inside the checkpoint's
+        # recompute and inside activation hooks.
+        if layer_offloading:
+            blocks = blocks_to_wrap(model, blocks)
+            layers = offload_layers(model, blocks)
         handle = entry(model, blocks, manager, options)
     except Exception:
-        if layers is not None:
-            layers.remove()
+        for undo in (layers, loss):
+            if undo is not None:
+                undo.remove()
         raise
-    handle.layers = layers
+    handle.layers, handle.chunked_loss = layers, loss
     return handle

@@ -8,7 +8,9 @@ keyword arguments, inputs that do not require grad, context_fn / selective check
 determinism check, debug traces, early stop). What we change is what torch's checkpoint stores to
 recompute from: instead of the first tensor input itself, the host handle returned by offload_save.
 The forward runs on the real input; the recompute runs on offload_restore(handle), which also starts
-prefetching the input of the previous checkpoint.
+prefetching the input of the previous checkpoint. A DTensor input (sequence or context parallel
+hidden states, sharded on the sequence dim) is offloaded as its local shard and rebuilt as the same
+DTensor in the recompute (dtensors.py).
 """
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -18,6 +20,7 @@ from torch.utils.checkpoint import noop_context_fn
 
 from ._ops import offload_restore, offload_save
 from . import node_budget
+from .dtensors import join_local, split_local
 from .manager import default_manager
 
 _TENSOR = object()  # marks where a tensor stood among flattened leaves
@@ -50,8 +53,9 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=noop_context_fn, 
     manager = manager if manager is not None else default_manager()
     manager_id = manager.id()
     first = tensors[0]
+    local, dtensor_spec = split_local(first.detach())
     try:
-        handle = offload_save(first.detach(), manager_id)
+        handle = offload_save(local, manager_id)
     except RuntimeError as error:
         node_budget.name_in_error(error, manager_id)
         raise
@@ -64,16 +68,17 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=noop_context_fn, 
             # Outside the recompute's dispatch modes (context_fn's, e.g. a selective checkpointing
             # policy): the restore is ours, not an op of the user's function.
             with _disable_current_modes():
-                x = offload_restore(handle, first_device, manager_id).requires_grad_(first_requires_grad)
+                restored = offload_restore(handle, first_device, manager_id)
+                x = join_local(restored, dtensor_spec).requires_grad_(first_requires_grad)
         it = iter((x, *other_tensors))
         call_args, call_kwargs = tree_unflatten([next(it) if v is _TENSOR else v for v in template], spec)
         return function(*call_args, **call_kwargs)
 
-    first_device, first_requires_grad = first.device, first.requires_grad
+    first_device, first_requires_grad = local.device, first.requires_grad
     # torch's checkpoint stashes the RNG state of the devices its tensor arguments live on; the
     # handle is on the host, so a zero-size tensor on the input's device stands in for it.
     device_anchor = torch.empty(0, device=first_device)
-    del first  # from here on only `pending` (until the forward run) and the handle refer to it
+    del first, local  # from here on only `pending` (until the forward run) and the handle refer to it
     output = torch_checkpoint(run, handle, device_anchor, *tensors[1:], **options)
     pending.clear()
     # Release the device copy of the input in stream order now rather than when the background

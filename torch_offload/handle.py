@@ -11,7 +11,8 @@ from .copies import NotPicklable, copy_attributes
 
 class OffloadHandle(NotPicklable):
     """What apply() returns: the manager in use and its statistics, the layer offloading
-    (`layers`, when asked for) and the modules-mode report, and remove() to undo apply().
+    (`layers`) and chunked loss (`chunked_loss`) when asked for, the modules-mode report, and
+    remove() to undo apply().
 
     Everything remove() needs is data (wrappers, hook handles, (object, attribute, value) to put
     back), not closures: copy.deepcopy((model, handle)) gives the copy's handle (copies.py)."""
@@ -24,6 +25,7 @@ class OffloadHandle(NotPicklable):
         self.manager = manager
         self.layers = layers  # LayerOffloadHandle with layer_offloading=True
         self.modules = modules  # ModuleOffloadHandle in "modules" mode
+        self.chunked_loss = None  # ChunkedLossHandle with chunked_loss=
         self._wrappers: List[BlockForward] = []
         self._hook_handles = []  # torch.utils.hooks.RemovableHandle
         self._attributes = []  # (object, name, value apply() changed it from)
@@ -58,6 +60,9 @@ class OffloadHandle(NotPicklable):
         if self.layers is not None:
             self.layers.remove()
             self.layers = None
+        if self.chunked_loss is not None:
+            self.chunked_loss.remove()
+            self.chunked_loss = None
         for hook in self._hook_handles:
             hook.remove()
         self._hook_handles = []

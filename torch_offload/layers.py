@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ._ops import offload_restore, offload_save
-from .activations import _is_dtensor
+from .dtensors import is_dtensor as _is_dtensor
 from .blocks import BlockForward, find_blocks, set_forward
 from .copies import NotPicklable, copy_attributes
 from .hook_scopes import HookScopes

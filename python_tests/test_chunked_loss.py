@@ -1,0 +1,214 @@
+"""Chunked causal-LM loss (torch_offload/chunked_loss.py, lm_loss.py): the loss and gradients of
+Hugging Face's own loss on a tiny Llama (fp32), without ever materialising the logits of the whole
+sequence; ignore_index, sequences shorter than a chunk, chunks that do not divide the length,
+num_items_in_batch, shift_labels; chunk_lm_loss / apply(chunked_loss=...) and their remove().
+
+Bit for bit where there is one chunk; with several the loss is a sum of chunk sums and the weight's
+gradient a sum of per-chunk products (and the products may round a row differently for a chunk than
+for the whole sequence), so those are compared within fp32 summation-order tolerance."""
+import functools
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.loss.loss_utils import ForCausalLMLoss
+
+import torch_offload
+from torch_offload.chunked_loss import chunked_causal_lm_loss
+
+VOCAB, SEQ = 320, 40
+close = functools.partial(torch.testing.assert_close, rtol=1e-5, atol=1e-6)
+
+
+def tiny_llama():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         attn_implementation="sdpa", use_cache=False)
+    return LlamaForCausalLM(config).train()
+
+
+def batch(seq=SEQ):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (2, seq), generator=g)
+    labels = ids.clone()
+    labels[0, 5:17] = -100  # a prompt
+    labels[1, -3:] = -100  # padding
+    return ids, labels
+
+
+def loss_and_grads(hidden, weight, loss_fn):
+    hidden, weight = hidden.detach().requires_grad_(), weight.detach().requires_grad_()
+    loss = loss_fn(hidden, weight)
+    return (loss.detach(), *torch.autograd.grad(loss, (hidden, weight)))
+
+
+def hf_loss(labels, **kwargs):
+    return lambda h, w: ForCausalLMLoss(torch.nn.functional.linear(h, w), labels, VOCAB, **kwargs)
+
+
+def inputs():
+    torch.manual_seed(2)
+    return torch.randn(2, SEQ, 32), torch.randn(VOCAB, 32) * 0.1
+
+
+@pytest.mark.parametrize("chunk", [SEQ * 2, 1000, 7, 16, 1])  # whole batch in one chunk, shorter than a chunk, not dividing
+def test_loss_and_grads_match_hugging_face(chunk):
+    _, labels = batch()
+    hidden, weight = inputs()
+    reference = loss_and_grads(hidden, weight, hf_loss(labels))
+    ours = loss_and_grads(hidden, weight, lambda h, w: chunked_causal_lm_loss(h, w, labels, chunk_tokens=chunk))
+    if chunk >= 2 * SEQ:  # one chunk: the same kernels on the same rows
+        for a, b in zip(ours, reference):
+            assert torch.equal(a, b)
+    for a, b in zip(ours, reference):
+        close(a, b)
+
+
+def test_ignored_tokens_get_no_gradient_and_are_not_counted():
+    _, labels = batch()
+    hidden, weight = inputs()
+    loss, grad_hidden, _ = loss_and_grads(hidden, weight, lambda h, w: chunked_causal_lm_loss(h, w, labels, chunk_tokens=8))
+    # position i is scored against labels[i + 1]: rows 4..15 of the first sequence and the last 4 of the second
+    assert torch.count_nonzero(grad_hidden[0, 4:16]) == 0 and torch.count_nonzero(grad_hidden[1, -4:]) == 0
+    assert torch.count_nonzero(grad_hidden[0, :4].abs().sum(-1)) == 4
+    everything = torch.full_like(labels, -100)
+    everything[:, :2] = labels[:, :2]  # only position 0 of each row is scored: 2 tokens
+    per_token = [chunked_causal_lm_loss(hidden[i:i + 1, :1], weight, shift_labels=everything[i:i + 1, 1:2]) for i in range(2)]
+    close(chunked_causal_lm_loss(hidden, weight, everything, chunk_tokens=8), sum(per_token) / 2)
+
+
+def test_num_items_in_batch_and_shift_labels_as_hugging_face():
+    _, labels = batch()
+    hidden, weight = inputs()
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+    for kwargs in (dict(num_items_in_batch=torch.tensor(123)), dict(shift_labels=shifted)):
+        reference = loss_and_grads(hidden, weight, hf_loss(None if "shift_labels" in kwargs else labels, **kwargs))
+        ours = loss_and_grads(hidden, weight, lambda h, w: chunked_causal_lm_loss(
+            h, w, None if "shift_labels" in kwargs else labels, chunk_tokens=7, **kwargs))
+        for a, b in zip(ours, reference):
+            close(a, b)
+
+
+def test_bad_arguments_are_named():
+    hidden, weight = inputs()
+    with pytest.raises(ValueError, match="chunk_tokens=0"):
+        chunked_causal_lm_loss(hidden, weight, batch()[1], chunk_tokens=0)
+    with pytest.raises(ValueError, match="labels or shift_labels"):
+        chunked_causal_lm_loss(hidden, weight)
+    with pytest.raises(ValueError, match="80 hidden-state rows but 78 labels"):
+        chunked_causal_lm_loss(hidden, weight, batch()[1][:, :-1])
+
+
+class LargestOutput(TorchDispatchMode):
+    """The most elements any op produced: the full logits are batch x SEQ x VOCAB."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def train_step(model, ids, labels, **kwargs):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=labels, **kwargs)
+    out.loss.backward()
+    return out, {name: p.grad for name, p in model.named_parameters()}
+
+
+def test_chunk_lm_loss_on_a_llama_matches_its_own_loss_and_never_holds_the_logits():
+    ids, labels = batch()
+    reference, ours = tiny_llama(), tiny_llama()
+    with LargestOutput() as reference_sizes:
+        out_ref, grads_ref = train_step(reference, ids, labels)
+    handle = torch_offload.chunk_lm_loss(ours, chunk_tokens=16)
+    with LargestOutput() as sizes:
+        out, grads = train_step(ours, ids, labels)
+    assert out.logits is None
+    close(out.loss, out_ref.loss)
+    assert grads.keys() == grads_ref.keys()
+    for name in grads_ref:
+        close(grads[name], grads_ref[name], msg=lambda m: f"{name}: {m}")
+    # Hugging Face's loss makes the logits of every token (and their upcast, gradients); ours at
+    # most one chunk's (16 x VOCAB) or the weight's size (VOCAB x 32) at a time
+    assert reference_sizes.largest == 2 * SEQ * VOCAB
+    assert sizes.largest == max(16, 32) * VOCAB
+    # num_items_in_batch (what Trainer passes with gradient accumulation) reaches the chunked loss
+    out_ref, _ = train_step(reference, ids, labels, num_items_in_batch=torch.tensor(50))
+    out, _ = train_step(ours, ids, labels, num_items_in_batch=torch.tensor(50))
+    close(out.loss, out_ref.loss)
+    # without labels, in eval mode, or without grad: the model's own logits
+    with torch.no_grad():
+        assert torch.equal(ours(input_ids=ids).logits, reference(input_ids=ids).logits)
+        assert torch.equal(ours(input_ids=ids, labels=labels).logits, reference(input_ids=ids, labels=labels).logits)
+    ours.eval()
+    assert ours(input_ids=ids, labels=labels).logits is not None
+    handle.remove()
+
+
+def test_remove_restores_the_original_forward_and_loss():
+    ids, labels = batch()
+    model = tiny_llama()
+    head = model.lm_head
+    originals = (model.__dict__.get("forward"), head.__dict__.get("forward"), model.loss_function)
+    handle = torch_offload.chunk_lm_loss(model)
+    with pytest.raises(ValueError, match="chunked already"):
+        torch_offload.chunk_lm_loss(model)
+    handle.remove()
+    assert (model.__dict__.get("forward"), head.__dict__.get("forward"), model.loss_function) == originals
+    assert "_loss_function" not in model.__dict__
+    out, _ = train_step(model, ids, labels)
+    assert out.logits.shape == (2, SEQ, VOCAB)
+    torch_offload.chunk_lm_loss(model).remove()  # can be applied again
+
+
+def test_apply_hidden_states_with_chunked_loss_matches_checkpointing():
+    ids, labels = batch()
+    reference, ours = tiny_llama(), tiny_llama()
+    reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    handle = torch_offload.apply(ours, "hidden_states", chunked_loss=16)
+    assert handle.chunked_loss.chunk_tokens == 16
+    out_ref, grads_ref = train_step(reference, ids, labels)
+    out, grads = train_step(ours, ids, labels)
+    assert out.logits is None and handle.stats()["bytes_to_host"] > 0
+    close(out.loss, out_ref.loss)
+    for name in grads_ref:
+        close(grads[name], grads_ref[name], msg=lambda m: f"{name}: {m}")
+    handle.remove()
+    assert handle.chunked_loss is None and "forward" not in ours.__dict__
+    assert train_step(ours, ids, labels)[0].logits is not None
+
+
+def test_models_it_cannot_serve_are_refused_by_name():
+    with pytest.raises(TypeError, match="Sequential has no nn.Linear LM head"):
+        torch_offload.chunk_lm_loss(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    model = tiny_llama()
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="final_logit_softcapping=30.0"):
+        torch_offload.apply(model, "hidden_states", chunked_loss=True)
+    assert "forward" not in model.__dict__
+    with pytest.raises(ValueError, match="chunk_tokens=0"):
+        torch_offload.apply(tiny_llama(), "hidden_states", chunked_loss=0)
+
+
+def test_deepcopy_of_a_chunked_model_is_chunked_on_its_own_weights():
+    import copy
+
+    ids, labels = batch()
+    model = tiny_llama()
+    handle = torch_offload.apply(model, "hidden_states", chunked_loss=8)
+    copied, copied_handle = copy.deepcopy((model, handle))
+    with torch.no_grad():
+        copied.lm_head.weight.mul_(2)  # the copy's loss must use the copy's LM head
+    out, out_copy = model(input_ids=ids, labels=labels), copied(input_ids=ids, labels=labels)
+    assert out.logits is None and out_copy.logits is None and not torch.equal(out.loss, out_copy.loss)
+    copied_handle.remove()
+    assert copied(input_ids=ids, labels=labels).logits is not None
+    assert model(input_ids=ids, labels=labels).logits is None  # the original stays chunked
