@@ -11,6 +11,8 @@ batch 1), forward+backward with labels=input_ids, at each sequence length in --s
   selective   torch_offload.apply(model, "selective", policy="attention"): each layer's input
               and its SDPA outputs (attention output, logsumexp) offloaded, everything else recomputed
   selective_qkv  the same with policy="attention_qkv": the q/k/v projection products offloaded too
+  auto        torch_offload.apply(model, "auto"): its trial steps run first (not timed), then the
+              mode it kept is timed; its plan is in the JSON
 
 Per run: median step time, tokens/s, peak allocated / reserved GPU memory, the manager's statistics;
 per sequence length: tokens/s ratio and peak allocated difference versus ckpt, and the issue's targets
@@ -35,7 +37,7 @@ from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_
                                release_memory, short_gpu_name, sync, table, timed_steps)
 from torch_offload import policies  # noqa: E402
 
-VARIANTS = ("ckpt", "torch_sac", "hidden", "selective", "selective_qkv")
+VARIANTS = ("ckpt", "torch_sac", "hidden", "selective", "selective_qkv", "auto")
 TARGETS = {4096: 1.00, 16384: 1.08, 65536: 1.15}  # selective tokens/s over ckpt
 MEMORY_SLACK_GB = 0.5  # selective peak allocated <= hidden's + this
 
@@ -56,6 +58,8 @@ def enable(model, variant):
         return torch_offload.apply(model, "selective", policy="attention").remove
     if variant == "selective_qkv":
         return torch_offload.apply(model, "selective", policy="attention_qkv").remove
+    if variant == "auto":
+        return torch_offload.apply(model, "auto").remove
     raise ValueError(f"bench_selective: unknown variant {variant!r}; expected one of {VARIANTS}")
 
 
@@ -71,12 +75,20 @@ def run_variant(model, variant, seq, args):
     try:
         for _ in range(args.warmup):
             step()
+        for _ in range(12):  # auto: its trial steps, then one more step closes the last trial
+            if getattr(handle, "planned", True):
+                break
+            step()
+        if getattr(handle, "planned", False):
+            step()  # warm the chosen mode
         sync(args.device)
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         row = {"variant": variant, "seq": seq, **timed_steps(step, args.steps, seq, args.device)}
         if isinstance(handle, torch_offload.OffloadHandle):
             row["offload_stats"] = handle.stats()
+        if getattr(handle, "plan", None):
+            row["auto_plan"], row["auto_chosen"], row["auto_budget_GB"] = handle.plan, handle.chosen, handle.budget_gb
         return row
     except torch.cuda.OutOfMemoryError:
         return {"variant": variant, "seq": seq, "error": "OOM"}

@@ -88,3 +88,31 @@ def test_link_utilisation_is_bytes_over_step_time_times_bandwidth():
     baseline = {"step_s": 2.0}
     add_link_utilisation(baseline, {"d2h_GBps": 1.0, "h2d_GBps": 1.0})
     assert "d2h_link_use" not in baseline  # a run that copies nothing has no link use
+
+
+def test_bench_selective_cpu_smoke(tmp_path):
+    # Every variant runs on the tiny model; auto's trial steps run before its timed step and its
+    # plan (three candidates, one chosen) is in the JSON.
+    run = subprocess.run([sys.executable, "benchmarks/bench_selective.py", "--device", "cpu", "--tiny", "--seqs", "64",
+                          "--steps", "1", "--warmup", "1", "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    runs = {r["variant"]: r for r in json.loads((tmp_path / "selective_cpu.json").read_text())["runs"]}
+    assert set(runs) == {"ckpt", "torch_sac", "hidden", "selective", "selective_qkv", "auto"}
+    assert all(r["tokens_per_s"] > 0 for r in runs.values())
+    plan = runs["auto"]["auto_plan"]
+    assert len(plan) == 3 and sum(r["chosen"] for r in plan) == 1
+    assert runs["auto"]["auto_chosen"] in {r["candidate"] for r in plan}
+
+
+def test_bench_activations_cpu_smoke_with_trl(tmp_path):
+    # TRL's OffloadActivations runs beside ours in the same process (trl is pinned in requirements.txt).
+    run = subprocess.run([sys.executable, "benchmarks/bench_activations.py", "--device", "cpu", "--tiny", "--seqs", "64",
+                          "--variants", "none,all,trl", "--no-noise", "--soak-steps", "2", "--steps", "1", "--warmup", "1",
+                          "--min-bytes", "0", "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    runs = {r["variant"]: r for r in json.loads((tmp_path / "activations_cpu.json").read_text())["runs"]}
+    assert set(runs) == {"none", "all", "trl"} and all("step_s" in r for r in runs.values())
+    assert runs["all"]["d2h_GB_per_step"] > 0
+    assert "`all` step / TRL step" in run.stdout

@@ -12,6 +12,7 @@ from .chunked_loss import DEFAULT_CHUNK_TOKENS
 from .layers import offload_layers
 from .lm_loss import chunk_lm_loss
 from .modes.activations_all import apply_all, apply_disk, apply_sync
+from .modes.auto import apply_auto
 from .modes.hidden_states import apply_hidden_states
 from .modes.modules import apply_modules
 from .modes.selective import apply_selective
@@ -25,6 +26,7 @@ MODES = {
     "all": apply_all,
     "sync": apply_sync,
     "disk": apply_disk,
+    "auto": apply_auto,
 }
 # The names axolotl and TRL configs use.
 ALIASES = {True: "all", "true": "all", "legacy": "sync"}
@@ -73,6 +75,10 @@ def apply(
     "core_attn": see torch_offload.module_presets) select are offloaded; handle.report() gives the
     bytes expected and freed (see offload_modules). Takes min_bytes like "all".
 
+    mode="auto": the first training steps try hidden_states and the selective policies "attention"
+    and "attention_qkv" (trial_steps=2 each) and keep the fastest whose peak allocated memory fits
+    memory_budget_gb (default: gradient checkpointing's peak); handle.plan / handle.explain().
+
     mode=None: no activation offloading (with layer_offloading=True: layer offloading only).
 
     layer_offloading=True: the frozen weights of every block also live in host memory and are
@@ -90,6 +96,7 @@ def apply(
       selective:              policy, min_bytes, and the options of "hidden_states"
       all / sync / disk:      min_bytes, max_in_flight, prefetch_depth, host_budget_bytes, disk_dir
       modules:                targets, presets, and the options of "all"
+      auto:                   memory_budget_gb, trial_steps, candidates, max_in_flight, host_budget_bytes
     An option the mode does not take raises TypeError naming it.
 
     On a Hugging Face model apply() turns the model's own gradient checkpointing off and, in

@@ -1,0 +1,106 @@
+"""mode="auto": the trial steps train exactly like gradient checkpointing, the plan is measured and
+explained, the choice respects the budget, and errors name what the user wrote."""
+import pytest
+import torch
+
+import torch_offload
+from conftest import DEVICES, assert_same_grads
+from test_models import _llama_step, _tiny_llama
+
+
+def _train_alike(ours, reference, device, steps):
+    ids = torch.randint(0, 256, (2, 32), device=device)
+    for _ in range(steps):
+        for m in (ours, reference):
+            m.zero_grad(set_to_none=True)
+        assert torch.equal(_llama_step(ours, ids, device), _llama_step(reference, ids, device))
+        assert_same_grads(ours, reference)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_auto_trains_like_checkpointing_through_every_trial_and_keeps_one(device):
+    ours, reference = _tiny_llama(device, 0.1), _tiny_llama(device, 0.1)
+    reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    handle = torch_offload.apply(ours, "auto")
+    # 3 candidates x 2 trial steps; the 7th step's forward closes the last trial and decides.
+    _train_alike(ours, reference, device, steps=9)
+    assert handle.planned and [r["candidate"] for r in handle.plan] == [
+        "hidden_states", "selective:attention", "selective:attention_qkv"]
+    assert sum(r["chosen"] for r in handle.plan) == 1
+    assert handle.chosen == next(r["candidate"] for r in handle.plan if r["chosen"])
+    assert all(r["step_s"] > 0 for r in handle.plan)
+    assert handle.current.mode == handle.chosen.partition(":")[0]
+    table = handle.explain()
+    assert "selective:attention_qkv" in table and "| True |" in table
+    if device == "cuda":
+        # The default budget is checkpointing's peak: hidden_states' plus the block inputs.
+        hs = handle.plan[0]
+        assert handle.budget_gb == pytest.approx(hs["peak_allocated_GB"] + hs["bytes_to_host"] / 1e9)
+        assert all(r["within_budget"] is not None for r in handle.plan)
+    assert handle.stats()["saves"] > 0
+    handle.remove()
+    assert "forward" not in ours.model.layers[0].__dict__
+    assert not ours._forward_pre_hooks
+
+
+def test_auto_plans_only_on_training_steps():
+    model = _tiny_llama("cpu", 0.0)
+    handle = torch_offload.apply(model, "auto", trial_steps=1)
+    ids = torch.randint(0, 256, (2, 32))
+    model.eval()
+    with torch.no_grad():
+        for _ in range(5):
+            model(input_ids=ids)
+    assert handle.plan == [] and not handle.planned
+    model.train()
+    for _ in range(4):
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert handle.planned and len(handle.plan) == 3
+    handle.remove()
+
+
+def test_auto_without_projections_tries_hidden_states_and_attention():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x).relu()
+
+    model = torch.nn.Sequential(Block(), Block())
+    handle = torch_offload.apply(model, "auto", blocks=list(model), trial_steps=1)
+    x = torch.randn(4, 8, requires_grad=True)
+    with pytest.warns(UserWarning, match="made no call to"):  # no attention in these blocks
+        for _ in range(3):
+            model(x).sum().backward()
+    assert [r["candidate"] for r in handle.plan] == ["hidden_states", "selective:attention"]
+    handle.remove()
+
+
+def test_auto_options_are_checked():
+    model = _tiny_llama("cpu", 0.0)
+    with pytest.raises(ValueError, match="manager= is not taken"):
+        torch_offload.apply(model, "auto", manager=torch_offload.OffloadManager())
+    with pytest.raises(ValueError, match="candidates=\\['selective'\\]"):
+        torch_offload.apply(model, "auto", candidates=["selective"])
+    with pytest.raises(ValueError, match="trial_steps=0"):
+        torch_offload.apply(model, "auto", trial_steps=0)
+    with pytest.raises(ValueError, match="memory_budget_gb=-1"):
+        torch_offload.apply(model, "auto", memory_budget_gb=-1)
+    with pytest.raises(TypeError, match="'prefetch_depth'.*sets each candidate's prefetch depth"):
+        torch_offload.apply(model, "auto", prefetch_depth=2)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (peak memory)")
+def test_auto_keeps_the_lowest_peak_when_nothing_fits_the_budget():
+    model = _tiny_llama("cuda", 0.0)
+    handle = torch_offload.apply(model, "auto", trial_steps=1, memory_budget_gb=1e-6)
+    ids = torch.randint(0, 256, (2, 32), device="cuda")
+    with pytest.warns(UserWarning, match="no candidate's peak fits memory_budget_gb"):
+        for _ in range(4):
+            model(input_ids=ids, labels=ids).loss.backward()
+    lowest = min(handle.plan, key=lambda r: r["peak_allocated_GB"])
+    assert lowest["chosen"] and not any(r["within_budget"] for r in handle.plan)
+    handle.remove()

@@ -1,0 +1,181 @@
+"""mode="auto": measures our checkpoint-replacing modes on the first training steps, on this machine
+and this model, and keeps the fastest whose peak memory fits a budget.
+
+Candidates: "hidden_states", "selective:attention", "selective:attention_qkv" (the last only when
+the blocks have q/k/v projections). They all train exactly like gradient checkpointing (fp32
+gradients bit-equal), so the trial steps are ordinary training steps. A step is one forward of the
+model in training mode with grad enabled, and what follows it until the next such forward (its
+backward, the optimizer). Each candidate runs `trial_steps` steps; the last one is timed (the first
+warms the allocator, the pinned pool and the kernels) and its peak allocated memory read. The budget,
+`memory_budget_gb` (default: gradient checkpointing's peak, which is the peak measured under
+hidden_states plus the block inputs it kept in host memory), rules out candidates above it (if none
+fits, the one with the lowest peak is kept, with a warning); the fastest remaining one stays for the
+rest of training. `handle.plan` lists what was measured and chosen; `handle.explain()` gives it as a
+table. On CPU there is no peak to read and the budget is not checked.
+
+While it plans, auto synchronises the device and resets its peak-memory statistics at each step.
+"""
+import time
+import warnings
+from typing import List, Optional
+
+import torch
+from torch import nn
+
+from ..attention_offload import SAVES_PER_BLOCK, projection_weights
+from ..handle import OffloadHandle, blocks_to_wrap
+from ..manager import OffloadManager
+from .hidden_states import apply_hidden_states
+from .options import check_options
+from .selective import apply_selective
+
+CANDIDATES = ("hidden_states", "selective:attention", "selective:attention_qkv")
+_OPTIONS = ("memory_budget_gb", "trial_steps", "candidates", "max_in_flight", "host_budget_bytes")
+_WHY = {"prefetch_depth": "mode='auto' sets each candidate's prefetch depth",
+        "policy": "mode='auto' tries the selective policies itself (candidates=)"}
+GB = 1e9
+
+
+def apply_auto(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
+    check_options("auto", options, manager, _OPTIONS, _WHY)
+    if manager is not None:
+        raise ValueError("torch_offload.apply(mode='auto'): manager= is not taken (auto builds one manager "
+                         "per candidate); pass max_in_flight= / host_budget_bytes= instead")
+    options = dict(options)
+    budget = options.pop("memory_budget_gb", None)
+    trial_steps = options.pop("trial_steps", 2)
+    candidates = list(options.pop("candidates", None) or _default_candidates(model, blocks))
+    unknown = [c for c in candidates if c not in CANDIDATES]
+    if unknown or not candidates:
+        raise ValueError(f"torch_offload.apply(mode='auto'): candidates={candidates!r}; choose from {CANDIDATES}")
+    if not isinstance(trial_steps, int) or trial_steps < 1:
+        raise ValueError(f"torch_offload.apply(mode='auto'): trial_steps={trial_steps!r}; expected an int >= 1")
+    if budget is not None and not budget > 0:
+        raise ValueError(f"torch_offload.apply(mode='auto'): memory_budget_gb={budget!r}; expected a number > 0")
+    return AutoHandle(model, blocks_to_wrap(model, blocks), candidates, trial_steps, budget, options)
+
+
+def _default_candidates(model, blocks) -> List[str]:
+    try:
+        for block in blocks_to_wrap(model, blocks):
+            projection_weights(block)
+    except ValueError:
+        return list(CANDIDATES[:2])
+    return list(CANDIDATES)
+
+
+def _install(model, blocks, candidate: str, manager_options: dict) -> OffloadHandle:
+    if candidate == "hidden_states":
+        return apply_hidden_states(model, blocks, None, dict(manager_options))
+    policy = candidate.partition(":")[2]
+    manager = OffloadManager(prefetch_depth=SAVES_PER_BLOCK[policy], **manager_options)
+    return apply_selective(model, blocks, manager, {"policy": policy})
+
+
+class AutoHandle(OffloadHandle):
+    """The handle of mode="auto": the mode in use (`current`), the measurements (`plan`)."""
+
+    def __init__(self, model, blocks, candidates, trial_steps, budget_gb, manager_options):
+        super().__init__(model, "auto", None)
+        self._blocks, self._manager_options = blocks, manager_options
+        self._candidates, self._trial_steps, self._budget_gb = candidates, trial_steps, budget_gb
+        self.plan: List[dict] = []
+        self.planned = False
+        self.budget_gb: Optional[float] = budget_gb
+        self.chosen: Optional[str] = None
+        self._trial = 0  # index into candidates
+        self._steps = 0  # steps finished under the current candidate
+        self._started: Optional[float] = None
+        self.current = self._switch(candidates[0])
+        self.on_remove(model.register_forward_pre_hook(self._on_forward))
+
+    @property
+    def blocks(self) -> List[nn.Module]:
+        return self.current.blocks if self.current is not None else []
+
+    def stats(self) -> dict:
+        return self.current.stats() if self.current is not None else {}
+
+    def remove(self) -> None:
+        if self.current is not None:
+            self.current.remove()
+            self.current = None
+        super().remove()
+
+    def explain(self) -> str:
+        """The plan as a markdown table: each candidate's measured step and peak, and the choice."""
+        budget = f"{self.budget_gb:.2f} GB" if self.budget_gb is not None else "not checked"
+        lines = [f"torch_offload mode='auto' (budget: {budget})", "",
+                 "| candidate | step s | peak allocated GB | within budget | chosen |", "|---|---|---|---|---|"]
+        for row in self.plan:
+            peak = row.get("peak_allocated_GB")
+            lines.append(f"| {row['candidate']} | {row['step_s']:.4f} | "
+                         f"{'-' if peak is None else f'{peak:.2f}'} | {row['within_budget']} | {row['chosen']} |")
+        return "\n".join(lines) + "\n"
+
+    def _switch(self, candidate: str) -> OffloadHandle:
+        if getattr(self, "current", None) is not None:
+            old = self.current.manager
+            self.current.remove()
+            old.synchronize()
+            old.empty_pool()  # its pinned buffers, before the next candidate's pool fills
+        self.current = _install(self.model, self._blocks, candidate, self._manager_options)
+        self.manager = self.current.manager
+        return self.current
+
+    def _on_forward(self, module, args):
+        if self.planned or not (module.training and torch.is_grad_enabled()):
+            return
+        cuda = torch.cuda.is_available() and any(p.is_cuda for p in module.parameters())
+        if self._started is not None:
+            self._finish_step(cuda)
+        if self.planned:
+            return
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        self._bytes_before = self.current.stats().get("bytes_to_host", 0)
+        self._started = time.perf_counter()
+
+    def _finish_step(self, cuda: bool) -> None:
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - self._started
+        self._started = None
+        self._steps += 1
+        if self._steps < self._trial_steps:
+            return
+        row = {"candidate": self._candidates[self._trial], "step_s": seconds,
+               "bytes_to_host": self.current.stats().get("bytes_to_host", 0) - self._bytes_before}
+        if cuda:
+            row["peak_allocated_GB"] = torch.cuda.max_memory_allocated() / GB
+        self.plan.append(row)
+        self._trial += 1
+        self._steps = 0
+        if self._trial < len(self._candidates):
+            self._switch(self._candidates[self._trial])
+        else:
+            self._decide()
+
+    def _decide(self) -> None:
+        measured = [r for r in self.plan if "peak_allocated_GB" in r]
+        if self.budget_gb is None and measured:
+            # Gradient checkpointing's peak: ours under hidden_states plus the block inputs it kept off the GPU.
+            hs = next((r for r in measured if r["candidate"] == "hidden_states"), None)
+            if hs is not None:
+                self.budget_gb = hs["peak_allocated_GB"] + hs["bytes_to_host"] / GB
+        for row in self.plan:
+            peak = row.get("peak_allocated_GB")
+            row["within_budget"] = None if peak is None or self.budget_gb is None else peak <= self.budget_gb
+            row["chosen"] = False
+        fitting = [r for r in self.plan if r["within_budget"] is not False]
+        if not fitting:
+            warnings.warn(f"torch_offload mode='auto': no candidate's peak fits memory_budget_gb="
+                          f"{self.budget_gb:.2f}; keeping the one with the lowest peak")
+            fitting = [min(self.plan, key=lambda r: r["peak_allocated_GB"])]
+        best = min(fitting, key=lambda r: r["step_s"])
+        best["chosen"] = True
+        self.chosen = best["candidate"]
+        self.planned = True
+        if self.chosen != self._candidates[-1]:
+            self._switch(self.chosen)
