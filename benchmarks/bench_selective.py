@@ -33,7 +33,7 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, log, new_result,  # noqa: E402
+from benchmarks.common import (GB, LLAMA3_8B, REFERENCE, add_run_args, build_llama, finish_run_args, log, new_result,  # noqa: E402
                                release_memory, short_gpu_name, sync, table, timed_steps)
 from torch_offload import policies  # noqa: E402
 
@@ -131,6 +131,13 @@ def markdown(result):
         ("step s", "step_s", "{:.3f}"), ("tok/s", "tokens_per_s", "{:.0f}"), ("vs ckpt", "speed_vs_ckpt", "{:.3f}"),
         ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("alloc - ckpt GB", "alloc_vs_ckpt_GB", "{:+.2f}"),
         ("peak reserved GB", "peak_reserved_GB", "{:.2f}")])
+    for r in result["runs"]:
+        if r.get("auto_plan"):
+            budget = r.get("auto_budget_GB")
+            lines += ["", f"seq {r['seq']} auto (budget {'-' if budget is None else f'{budget:.2f} GB'}): " + "; ".join(
+                f"{p['candidate']} {p['step_s']:.3f} s"
+                + (f" {p['peak_allocated_GB']:.2f} GB" if "peak_allocated_GB" in p else "")
+                + (" (chosen)" if p["chosen"] else "") for p in r["auto_plan"])]
     for c in result.get("checks", []):
         lines += ["", f"seq {c['seq']}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                                       for k, v in c.items() if k != "seq")]
@@ -141,14 +148,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, seqs="4096,16384,65536", steps=3)
     p.add_argument("--variants", default=",".join(VARIANTS))
-    args = finish_run_args(p.parse_args(), REFERENCE)
+    p.add_argument("--shape", default="reference", choices=("reference", "llama3_8b"))
+    parsed = p.parse_args()
+    args = finish_run_args(parsed, LLAMA3_8B if parsed.shape == "llama3_8b" else REFERENCE)
     variants = args.variants.split(",")
     for variant in variants:
         if variant not in VARIANTS:
             p.error(f"unknown variant {variant!r}; expected some of {','.join(VARIANTS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = short_gpu_name(args.device)
+    name = short_gpu_name(args.device) + ("_llama3_8b" if args.shape == "llama3_8b" else "")
     result = new_result(args)
     model = build_llama(args.config, args.device, max(args.seq_list))
 
