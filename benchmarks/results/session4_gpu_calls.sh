@@ -40,3 +40,13 @@ echo "longest rc=${PIPESTATUS[0]}"
 # --- call 4 (nvidia-h200-x2)
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 timeout 400 python3 -m torch.distributed.run --standalone --nproc_per_node=2 benchmarks/bench_fsdp2.py --shape llama3_8b --seqs 65536 --variants ckpt,hs_chunked,hs_before --warmup 1 --steps 2 --deadline-s 300 --timeout-s 120 --out $OUT
+
+# --- call 5 (nvidia-h100-x1): .gpu/call5.sh
+# Session 4, call 5 (H100): CUDA tests of the new Python paths; auto on the reference model and the Llama-3-8B shape.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+python3 -m pip install -q --no-deps --no-index .whl/trl-1.16.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -2
+(cd python_tests && timeout 150 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_selective.py test_auto.py test_checkpoint_torch_suite.py test_models.py test_compile.py -x 2>&1 | tail -8) > $OUT/pytest_cuda.log; tail -4 $OUT/pytest_cuda.log
+timeout 150 python3 benchmarks/bench_selective.py --shape llama3_8b --out /tmp/sel8b --seqs 8192 --variants ckpt,hidden,selective,selective_qkv,auto --steps 3 --warmup 1 2>&1 | tail -12
+cp /tmp/sel8b/*.md /tmp/sel8b/*.json $OUT/ 2>/dev/null
+timeout 260 python3 benchmarks/bench_selective.py --out /tmp/sel --seqs 4096,16384,65536 --variants ckpt,hidden,selective_qkv,auto --steps 3 --warmup 1 2>&1 | tail -14
+cp /tmp/sel/selective_h100.md $OUT/selective_auto_h100.md; cp /tmp/sel/selective_h100.json $OUT/selective_auto_h100.json
