@@ -87,6 +87,7 @@ at::Tensor Manager::host_tensor(const Entry& entry, const void* data) const {
 }
 
 at::Tensor Manager::save(const at::Tensor& x) {
+  finished_sources_.drop();
   TORCH_CHECK(x.defined(), "offload_save: got an undefined tensor");
   TORCH_CHECK(x.layout() == c10::kStrided && !x.is_quantized(),
               "offload_save: only dense strided tensors can be offloaded, got layout ", x.layout());
@@ -159,7 +160,9 @@ Manager::ToHostCopy Manager::copy_to_host(const at::Tensor& src, const at::Tenso
   copy.source = std::make_shared<SourceSlot>(src);
   FencePtr done = copy.done;
   std::shared_ptr<SourceSlot> source = copy.source;
-  releaser_.release_after([done] { done->synchronize(); }, [source] { source->release(); },
+  // The worker only moves the source to finished_sources_: see source_slot.h.
+  releaser_.release_after([done] { done->synchronize(); },
+                          [this, source] { finished_sources_.add(source->take()); },
                           /*counts_in_flight=*/true);
   return copy;
 }
@@ -191,7 +194,7 @@ Manager::HeldSource Manager::take_source_locked(Entry& entry) {
 void Manager::release_in_stream_order(const HeldSource& held) {
   DeviceTransfer* transfer = transfer_for(held.device);
   if (transfer != nullptr && held.done) transfer->compute_waits_for(held.done, held.device);
-  held.source->release();
+  const at::Tensor dropped = held.source->take();  // on this (the caller's) thread
 }
 
 void Manager::finish_all_saves() {
@@ -206,6 +209,7 @@ void Manager::finish_all_saves() {
 }
 
 void Manager::finish_save(const at::Tensor& handle) {
+  finished_sources_.drop();
   HeldSource held;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -258,6 +262,7 @@ void Manager::on_handle_freed(const void* key) {
 }
 
 OffloadStats Manager::stats() {
+  finished_sources_.drop();
   OffloadStats s;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -291,9 +296,11 @@ void Manager::synchronize() {
   }
   for (auto& fence : fences) fence->synchronize();
   releaser_.drain();
+  finished_sources_.drop();
 }
 
 void Manager::empty_pool() {
+  finished_sources_.drop();
   host_->empty_cache();
   if (disk_) disk_->empty_cache();
 }

@@ -20,25 +20,9 @@
 #include "host_tier.h"
 #include "manager_config.h"
 #include "offload_stats.h"
+#include "source_slot.h"
 
 namespace torch_offload {
-
-// Holds the device tensor a device-to-host copy reads. Whoever learns first that the copy can no
-// longer touch it (the background releaser, or finish_save in stream order) empties it.
-class SourceSlot {
- public:
-  explicit SourceSlot(at::Tensor t) : tensor_(std::move(t)) {}
-  void release() {
-    at::Tensor dropped;
-    std::lock_guard<std::mutex> lock(mutex_);
-    dropped = std::move(tensor_);
-    tensor_ = at::Tensor();
-  }
-
- private:
-  std::mutex mutex_;
-  at::Tensor tensor_;
-};
 
 class Manager : public std::enable_shared_from_this<Manager> {
  public:
@@ -165,6 +149,8 @@ class Manager : public std::enable_shared_from_this<Manager> {
   std::list<const void*> save_order_;               // live entries, oldest first
   OffloadStats counters_;                           // the event counters part of the stats
 
+  // Filled by the releaser's payloads: declared before it, so alive while it drains.
+  FinishedSources finished_sources_;
   DeferredReleaser releaser_;  // last member: destroyed first, so it drains while all else lives
 };
 

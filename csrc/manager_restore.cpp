@@ -34,6 +34,7 @@ Manager::Entry* Manager::find_entry_locked(const at::Tensor& handle, const char*
 at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
   TORCH_CHECK(handle.defined() && handle.is_cpu(),
               "offload_restore: the handle must be the CPU tensor returned by offload_save");
+  finished_sources_.drop();
   device = with_index(device);
   DeviceTransfer* transfer = transfer_for(device);
   std::unique_lock<std::mutex> lock(mutex_);

@@ -50,3 +50,23 @@ timeout 150 python3 benchmarks/bench_selective.py --shape llama3_8b --out /tmp/s
 cp /tmp/sel8b/*.md /tmp/sel8b/*.json $OUT/ 2>/dev/null
 timeout 260 python3 benchmarks/bench_selective.py --out /tmp/sel --seqs 4096,16384,65536 --variants ckpt,hidden,selective_qkv,auto --steps 3 --warmup 1 2>&1 | tail -14
 cp /tmp/sel/selective_h100.md $OUT/selective_auto_h100.md; cp /tmp/sel/selective_h100.json $OUT/selective_auto_h100.json
+
+# --- call 6 (nvidia-h100-x1): .gpu/call6.sh (the repro script is python_tests/manager_drop_script.py)
+# Session 4, call 6 (H100): does dropping a manager with copies queued hang (GIL in the releaser)? CUDA pytest on the merged main.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+for mode in drop_handles_then_manager drop_manager_then_handles; do
+  timeout 60 python3 python_tests/manager_drop_script.py $mode; echo "$mode rc=$?"
+done 2>&1 | tee $OUT/releaser_gil.log
+python3 -m pip install -q --no-deps --no-index .whl/trl-1.16.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -2
+(cd python_tests && timeout 420 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda . 2>&1 | tail -12) > $OUT/pytest_cuda_all.log; tail -6 $OUT/pytest_cuda_all.log
+
+# --- call 7 (nvidia-h100-x1): .gpu/call7.sh
+# Session 4, call 7 (H100): after sources are dropped on callers' threads (source_slot.h): C++ tests with CUDA,
+# every CUDA pytest case (the manager-drop hang test among them), `all` at 16k (memory, speed).
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$PWD/build
+timeout 200 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest.log 2>&1; echo "gtest rc=$?"; tail -3 $OUT/gtest.log
+python3 -m pip install -q --no-deps --no-index .whl/trl-1.16.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -2
+(cd python_tests && timeout 300 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda . 2>&1 | tail -12) > $OUT/pytest_cuda_all.log; tail -4 $OUT/pytest_cuda_all.log
+timeout 150 python3 benchmarks/bench_activations.py --out /tmp/act --seqs 16384 --variants all --no-noise --soak-steps 3 --warmup 1 --steps 3 2>&1 | grep "| 16384"
+cp /tmp/act/activations_h100.md $OUT/activations_all_after_source_drops_h100.md; cp /tmp/act/activations_h100.json $OUT/activations_all_after_source_drops_h100.json

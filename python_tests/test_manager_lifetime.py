@@ -1,0 +1,21 @@
+"""Dropping a manager while its copies are still queued neither hangs nor crashes (CUDA: the
+background releaser only runs for asynchronous device copies)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import cuda_only
+
+HERE = Path(__file__).resolve().parent
+
+
+@cuda_only
+@pytest.mark.cuda
+@pytest.mark.parametrize("order", ["drop_handles_then_manager", "drop_manager_then_handles"])
+def test_dropping_a_manager_with_copies_in_flight_returns(order):
+    run = subprocess.run([sys.executable, str(HERE / "manager_drop_script.py"), order],
+                         capture_output=True, text=True, timeout=120, cwd=HERE)
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    assert run.stdout.strip().endswith("ok")
