@@ -70,3 +70,7 @@ python3 -m pip install -q --no-deps --no-index .whl/trl-1.16.0-py3-none-any.whl 
 (cd python_tests && timeout 300 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda . 2>&1 | tail -12) > $OUT/pytest_cuda_all.log; tail -4 $OUT/pytest_cuda_all.log
 timeout 150 python3 benchmarks/bench_activations.py --out /tmp/act --seqs 16384 --variants all --no-noise --soak-steps 3 --warmup 1 --steps 3 2>&1 | grep "| 16384"
 cp /tmp/act/activations_h100.md $OUT/activations_all_after_source_drops_h100.md; cp /tmp/act/activations_h100.json $OUT/activations_all_after_source_drops_h100.json
+
+# --- call 8 (nvidia-h100-x1)
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+timeout 420 python3 -m torch_offload.bench --modes checkpointing,hidden_states --seqs 16384,32768 --steps 4 --warmup 1 --json $OUT/bench_cli_h100_session4.json --no-progress
