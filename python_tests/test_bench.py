@@ -92,7 +92,7 @@ def test_link_utilisation_is_bytes_over_step_time_times_bandwidth():
 
 def test_bench_selective_cpu_smoke(tmp_path):
     # Every variant runs on the tiny model; auto's trial steps run before its timed step and its
-    # plan (three candidates, one chosen) is in the JSON.
+    # plan (four candidates, one chosen) is in the JSON.
     run = subprocess.run([sys.executable, "benchmarks/bench_selective.py", "--device", "cpu", "--tiny", "--seqs", "64",
                           "--steps", "1", "--warmup", "1", "--out", str(tmp_path)],
                          capture_output=True, text=True, cwd=REPO, timeout=600)
@@ -101,7 +101,7 @@ def test_bench_selective_cpu_smoke(tmp_path):
     assert set(runs) == {"ckpt", "torch_sac", "hidden", "selective", "selective_qkv", "auto"}
     assert all(r["tokens_per_s"] > 0 for r in runs.values())
     plan = runs["auto"]["auto_plan"]
-    assert len(plan) == 3 and sum(r["chosen"] for r in plan) == 1
+    assert len(plan) == 4 and sum(r["chosen"] for r in plan) == 1
     assert runs["auto"]["auto_chosen"] in {r["candidate"] for r in plan}
 
 

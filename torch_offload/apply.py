@@ -75,9 +75,10 @@ def apply(
     "core_attn": see torch_offload.module_presets) select are offloaded; handle.report() gives the
     bytes expected and freed (see offload_modules). Takes min_bytes like "all".
 
-    mode="auto": the first training steps try hidden_states and the selective policies "attention"
-    and "attention_qkv" (trial_steps=2 each) and keep the fastest whose peak allocated memory fits
-    memory_budget_gb (default: gradient checkpointing's peak); handle.plan / handle.explain().
+    mode="auto": the first training steps try hidden_states, the selective policies "attention" and
+    "attention_qkv", and torch's checkpointing (trial_steps=2 each) and keep the fastest whose peak
+    allocated memory fits memory_budget_gb (default: checkpointing's measured peak);
+    handle.plan / handle.explain().
 
     mode=None: no activation offloading (with layer_offloading=True: layer offloading only).
 

@@ -74,3 +74,7 @@ cp /tmp/act/activations_h100.md $OUT/activations_all_after_source_drops_h100.md;
 # --- call 8 (nvidia-h100-x1)
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
 timeout 420 python3 -m torch_offload.bench --modes checkpointing,hidden_states --seqs 16384,32768 --steps 4 --warmup 1 --json $OUT/bench_cli_h100_session4.json --no-progress
+
+# --- call 9 (nvidia-h100-x1)
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+timeout 300 python3 benchmarks/bench_selective.py --out $OUT --seqs 4096,16384 --variants ckpt,hidden,auto --steps 5 --warmup 1

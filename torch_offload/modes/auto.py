@@ -2,13 +2,16 @@
 and this model, and keeps the fastest whose peak memory fits a budget.
 
 Candidates: "hidden_states", "selective:attention", "selective:attention_qkv" (the last only when
-the blocks have q/k/v projections). They all train exactly like gradient checkpointing (fp32
-gradients bit-equal), so the trial steps are ordinary training steps. A step is one forward of the
+the blocks have q/k/v projections) and "checkpointing" (torch's own, nothing offloaded: where the
+step is bound by the host, e.g. short sequences, it can be the fastest, and auto should never lose
+to it). They all train exactly like gradient checkpointing (fp32 gradients bit-equal), so the trial
+steps are ordinary training steps. A step is one forward of the
 model in training mode with grad enabled, and what follows it until the next such forward (its
 backward, the optimizer). Each candidate runs `trial_steps` steps; the last one is timed (the first
 warms the allocator, the pinned pool and the kernels) and its peak allocated memory read. The budget,
-`memory_budget_gb` (default: gradient checkpointing's peak, which is the peak measured under
-hidden_states plus the block inputs it kept in host memory), rules out candidates above it (if none
+`memory_budget_gb` (default: gradient checkpointing's peak, measured in its trial; without that
+candidate, estimated as the peak under hidden_states plus the block inputs it kept in host memory),
+rules out candidates above it (if none
 fits, the one with the lowest peak is kept, with a warning); the fastest remaining one stays for the
 rest of training. `handle.plan` lists what was measured and chosen; `handle.explain()` gives it as a
 table. On CPU there is no peak to read and the budget is not checked.
@@ -21,15 +24,17 @@ from typing import List, Optional
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from ..attention_offload import SAVES_PER_BLOCK, projection_weights
+from ..blocks import BlockForward
 from ..handle import OffloadHandle, blocks_to_wrap
 from ..manager import OffloadManager
 from .hidden_states import apply_hidden_states
 from .options import check_options
 from .selective import apply_selective
 
-CANDIDATES = ("hidden_states", "selective:attention", "selective:attention_qkv")
+CANDIDATES = ("hidden_states", "selective:attention", "selective:attention_qkv", "checkpointing")
 _OPTIONS = ("memory_budget_gb", "trial_steps", "candidates", "max_in_flight", "host_budget_bytes")
 _WHY = {"prefetch_depth": "mode='auto' sets each candidate's prefetch depth",
         "policy": "mode='auto' tries the selective policies itself (candidates=)"}
@@ -60,11 +65,27 @@ def _default_candidates(model, blocks) -> List[str]:
         for block in blocks_to_wrap(model, blocks):
             projection_weights(block)
     except ValueError:
-        return list(CANDIDATES[:2])
+        return [c for c in CANDIDATES if c != "selective:attention_qkv"]
     return list(CANDIDATES)
 
 
+class _TorchCheckpointForward(BlockForward):
+    """The "checkpointing" candidate: torch's non-reentrant checkpoint, nothing offloaded."""
+
+    def __call__(self, *args, **kwargs):
+        if self.training_with_grad():
+            return torch_checkpoint(self.run, *args, use_reentrant=False, **kwargs)
+        return self.run(*args, **kwargs)
+
+
 def _install(model, blocks, candidate: str, manager_options: dict) -> OffloadHandle:
+    if candidate == "checkpointing":
+        handle = OffloadHandle(model, "checkpointing", None)
+        for block in blocks:
+            handle.wrap(_TorchCheckpointForward(block))
+        handle.disable_hf_checkpointing()
+        handle.disable_kv_cache()
+        return handle
     if candidate == "hidden_states":
         return apply_hidden_states(model, blocks, None, dict(manager_options))
     policy = candidate.partition(":")[2]
@@ -117,8 +138,9 @@ class AutoHandle(OffloadHandle):
         if getattr(self, "current", None) is not None:
             old = self.current.manager
             self.current.remove()
-            old.synchronize()
-            old.empty_pool()  # its pinned buffers, before the next candidate's pool fills
+            if old is not None:
+                old.synchronize()
+                old.empty_pool()  # its pinned buffers, before the next candidate's pool fills
         self.current = _install(self.model, self._blocks, candidate, self._manager_options)
         self.manager = self.current.manager
         return self.current
@@ -160,9 +182,13 @@ class AutoHandle(OffloadHandle):
     def _decide(self) -> None:
         measured = [r for r in self.plan if "peak_allocated_GB" in r]
         if self.budget_gb is None and measured:
-            # Gradient checkpointing's peak: ours under hidden_states plus the block inputs it kept off the GPU.
-            hs = next((r for r in measured if r["candidate"] == "hidden_states"), None)
-            if hs is not None:
+            # Gradient checkpointing's peak: measured when it was a candidate, else estimated as ours
+            # under hidden_states plus the block inputs it kept off the GPU.
+            by_name = {r["candidate"]: r for r in measured}
+            if "checkpointing" in by_name:
+                self.budget_gb = by_name["checkpointing"]["peak_allocated_GB"]
+            elif "hidden_states" in by_name:
+                hs = by_name["hidden_states"]
                 self.budget_gb = hs["peak_allocated_GB"] + hs["bytes_to_host"] / GB
         for row in self.plan:
             peak = row.get("peak_allocated_GB")
