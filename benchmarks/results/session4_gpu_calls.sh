@@ -78,3 +78,8 @@ timeout 420 python3 -m torch_offload.bench --modes checkpointing,hidden_states -
 # --- call 9 (nvidia-h100-x1)
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
 timeout 300 python3 benchmarks/bench_selective.py --out $OUT --seqs 4096,16384 --variants ckpt,hidden,auto --steps 5 --warmup 1
+
+# --- call 10 (nvidia-h100-x1)
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+timeout 200 python3 benchmarks/bench_modules.py --out $OUT --seqs 4096,16384 --steps 5
+timeout 150 python3 benchmarks/profile_short_step.py --out /tmp/prof --seq 4096 --variants none,ckpt,hidden_states,modules > $OUT/profile_4k_after.log 2>&1
