@@ -63,6 +63,33 @@ def enable(model, variant):
     raise ValueError(f"bench_selective: unknown variant {variant!r}; expected one of {VARIANTS}")
 
 
+def noise_floor(model, args) -> dict:
+    """Gradients of one step at --noise-seq: each variant's relative L2 error against checkpointing,
+    beside checkpointing against itself and against no checkpointing (the noise floor)."""
+    ids = torch.randint(0, args.config["vocab"], (1, args.noise_seq), device=args.device)
+
+    def grads(variant):
+        undo = enable(model, variant) if variant != "none" else (lambda: None)
+        try:
+            model(input_ids=ids, labels=ids).loss.backward()
+            flat = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+            model.zero_grad(set_to_none=True)
+            return flat
+        finally:
+            undo()
+
+    reference = grads("ckpt")
+    norm = reference.norm().item()
+    error = lambda g: (g - reference).norm().item() / norm  # noqa: E731
+    result = {"seq": args.noise_seq, "dtype": str(next(model.parameters()).dtype),
+              "floor": max(error(grads("ckpt")), error(grads("none")))}
+    for variant in ("hidden", "selective", "selective_qkv"):
+        g = grads(variant)
+        result[variant] = {"error": error(g), "bit_equal": bool(torch.equal(g, reference)),
+                           "within_2x_floor": error(g) <= 2 * result["floor"] or bool(torch.equal(g, reference))}
+    return result
+
+
 def run_variant(model, variant, seq, args):
     undo = enable(model, variant)
     handle = getattr(undo, "__self__", None)
@@ -138,6 +165,12 @@ def markdown(result):
                 f"{p['candidate']} {p['step_s']:.3f} s"
                 + (f" {p['peak_allocated_GB']:.2f} GB" if "peak_allocated_GB" in p else "")
                 + (" (chosen)" if p["chosen"] else "") for p in r["auto_plan"])]
+    n = result.get("noise")
+    if n:
+        lines += ["", f"Gradients at seq {n['seq']} ({n['dtype']}), relative L2 error against checkpointing: noise "
+                  f"floor {n['floor']:.3e}; " + "; ".join(
+                      f"{v} {n[v]['error']:.3e} (bit-equal {n[v]['bit_equal']}, within 2x floor {n[v]['within_2x_floor']})"
+                      for v in ("hidden", "selective", "selective_qkv"))]
     for c in result.get("checks", []):
         lines += ["", f"seq {c['seq']}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                                       for k, v in c.items() if k != "seq")]
@@ -149,6 +182,8 @@ def main():
     add_run_args(p, seqs="4096,16384,65536", steps=3)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--shape", default="reference", choices=("reference", "llama3_8b"))
+    p.add_argument("--noise-seq", type=int, default=0,
+                   help="first compare gradients at this length against the noise floor (0: skip)")
     parsed = p.parse_args()
     args = finish_run_args(parsed, LLAMA3_8B if parsed.shape == "llama3_8b" else REFERENCE)
     variants = args.variants.split(",")
@@ -159,13 +194,17 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     name = short_gpu_name(args.device) + ("_llama3_8b" if args.shape == "llama3_8b" else "")
     result = new_result(args)
-    model = build_llama(args.config, args.device, max(args.seq_list))
+    model = build_llama(args.config, args.device, max(args.seq_list + [args.noise_seq]))
 
     def write():
         (out / f"selective_{name}.json").write_text(json.dumps(result, indent=1))
         (out / f"selective_{name}.md").write_text(markdown(result))
 
     t0 = time.time()
+    if args.noise_seq:
+        result["noise"] = noise_floor(model, args)
+        log("noise", result["noise"])
+        write()
     for seq in args.seq_list:
         for variant in variants:
             row = run_variant(model, variant, seq, args)

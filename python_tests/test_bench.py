@@ -94,11 +94,14 @@ def test_bench_selective_cpu_smoke(tmp_path):
     # Every variant runs on the tiny model; auto's trial steps run before its timed step and its
     # plan (four candidates, one chosen) is in the JSON.
     run = subprocess.run([sys.executable, "benchmarks/bench_selective.py", "--device", "cpu", "--tiny", "--seqs", "64",
-                          "--steps", "1", "--warmup", "1", "--out", str(tmp_path)],
+                          "--steps", "1", "--warmup", "1", "--noise-seq", "32", "--out", str(tmp_path)],
                          capture_output=True, text=True, cwd=REPO, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    runs = {r["variant"]: r for r in json.loads((tmp_path / "selective_cpu.json").read_text())["runs"]}
+    result = json.loads((tmp_path / "selective_cpu.json").read_text())
+    runs = {r["variant"]: r for r in result["runs"]}
     assert set(runs) == {"ckpt", "torch_sac", "hidden", "selective", "selective_qkv", "auto"}
+    # fp32 on CPU: every variant's gradients are checkpointing's, bit for bit.
+    assert all(result["noise"][v]["bit_equal"] for v in ("hidden", "selective", "selective_qkv"))
     assert all(r["tokens_per_s"] > 0 for r in runs.values())
     plan = runs["auto"]["auto_plan"]
     assert len(plan) == 4 and sum(r["chosen"] for r in plan) == 1
