@@ -83,3 +83,7 @@ timeout 300 python3 benchmarks/bench_selective.py --out $OUT --seqs 4096,16384 -
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
 timeout 200 python3 benchmarks/bench_modules.py --out $OUT --seqs 4096,16384 --steps 5
 timeout 150 python3 benchmarks/profile_short_step.py --out /tmp/prof --seq 4096 --variants none,ckpt,hidden_states,modules > $OUT/profile_4k_after.log 2>&1
+
+# --- call 11 (nvidia-h100-x1)
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+timeout 200 python3 benchmarks/bench_selective.py --out $OUT --seqs "" --noise-seq 4096
