@@ -7,6 +7,7 @@ why a variant frees less than it should (compiled graphs, FSDP2).
 Variants (comma-separated, one process, same model shape):
   ckpt_eager, ours_eager               torch checkpointing / apply(mode="hidden_states")
   ckpt_compiled, ours_compiled         torch.compile + checkpointing / torch_offload.compile(hidden_states)
+  ours_selective_compiled              torch_offload.compile(model, "selective") (policy "attention")
   fsdp_ckpt, fsdp_ours_before, fsdp_ours_after
                                        FSDP2 on a 1-rank NCCL group (fully_shard per layer + root):
                                        checkpointing / apply before / after fully_shard
@@ -147,6 +148,8 @@ def build_variant(variant, config, seq):
         step_model = torch.compile(model, fullgraph=True, dynamic=False)
     elif variant == "ours_compiled":
         step_model = torch_offload.compile(model, "hidden_states", fullgraph=True, dynamic=False)
+    elif variant == "ours_selective_compiled":
+        step_model = torch_offload.compile(model, "selective", fullgraph=True, dynamic=False)
     return model, step_model, handle
 
 
