@@ -87,3 +87,7 @@ timeout 150 python3 benchmarks/profile_short_step.py --out /tmp/prof --seq 4096 
 # --- call 11 (nvidia-h100-x1)
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
 timeout 200 python3 benchmarks/bench_selective.py --out $OUT --seqs "" --noise-seq 4096
+
+# --- call 12 (nvidia-h100-x1)
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+timeout 450 python3 benchmarks/peak_memory.py --out $OUT --layers 24 --seqs 16384 --variants ckpt_compiled,ours_selective_compiled > $OUT/peak_memory_selective_16k.log 2>&1
