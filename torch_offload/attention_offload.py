@@ -13,8 +13,9 @@ the block's query/key/value projections (module_presets' "qkv" modules): torch.n
 is wrapped the same way, and only calls with one of those modules' weights are intercepted, so the
 recompute skips their matrix products too (their backward still gets its recomputed input).
 
-The wrapper is installed while at least one such block runs (in any thread) and removed after, so
-code outside our blocks, compiled or not, sees torch's own function. Models that call SDPA through a
+Each wrapper is installed while at least one block that needs it runs (in any thread; the linear
+one only for "attention_qkv") and removed after, so code outside our blocks, compiled or not, sees
+torch's own functions. Models that call SDPA through a
 name imported before the block ran (`from torch.nn.functional import scaled_dot_product_attention`)
 are not intercepted: their attention is recomputed, and a warning says to pass the policy as a
 function (policy=torch_offload.policies.attention), which takes the per-op path.
@@ -32,52 +33,64 @@ from . import policies
 from .module_presets import preset_modules
 
 FAST_POLICIES = ("attention", "attention_qkv")
-SAVES_PER_BLOCK = {"attention": 3, "attention_qkv": 6}  # its input, q, k, v, attention output, logsumexp
+# Saves per block: "attention" policies.SAVES_PER_BLOCK (input, attention output, logsumexp), and q, k, v.
+SAVES_PER_BLOCK = {"attention": policies.SAVES_PER_BLOCK, "attention_qkv": policies.SAVES_PER_BLOCK + 3}
 _MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default})
 
 _scopes = threading.local()  # .stack: the scopes entered in this thread, innermost last
-_install_lock = threading.Lock()
-_install_count = 0
-# The functions the attributes held when we installed ours, put back after.
-_torch_sdpa = None
-_torch_linear = None
 _warned = False
 _projections = weakref.WeakKeyDictionary()  # block -> its q/k/v projection Linear modules
+
+
+class _Patch:
+    """One attribute of torch.nn.functional, replaced by our wrapper while at least one scope (in any
+    thread) needs it; `torch_fn` is what the attribute held before, put back after."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, name: str):
+        self.name = name
+        self.count = 0
+        self.torch_fn = None
+        self.wrapper = None
+
+    def install(self) -> None:
+        with self._lock:
+            if self.count == 0:
+                self.torch_fn = getattr(F, self.name)
+                setattr(F, self.name, self.wrapper)
+            self.count += 1
+
+    def uninstall(self) -> None:
+        with self._lock:
+            self.count -= 1
+            if self.count == 0:
+                setattr(F, self.name, self.torch_fn)
+
+
+_SDPA = _Patch("scaled_dot_product_attention")
+_LINEAR = _Patch("linear")  # only while a scope has projections: every linear call pays for it
 
 
 def _offloading_sdpa(*args, **kwargs):
     stack = getattr(_scopes, "stack", None)
     if not stack:  # another thread, or outside our blocks: torch's function as is
-        return _torch_sdpa(*args, **kwargs)
+        return _SDPA.torch_fn(*args, **kwargs)
     scope = stack[-1]
     scope.calls += 1
     with scope.attention_mode:
-        return _torch_sdpa(*args, **kwargs)
+        return _SDPA.torch_fn(*args, **kwargs)
 
 
 def _offloading_linear(input, weight, bias=None):
     stack = getattr(_scopes, "stack", None)
     if stack and any(weight is w for w in stack[-1].projection_weights):
         with stack[-1].matmul_mode:
-            return _torch_linear(input, weight, bias)
-    return _torch_linear(input, weight, bias)
+            return _LINEAR.torch_fn(input, weight, bias)
+    return _LINEAR.torch_fn(input, weight, bias)
 
 
-def _install():
-    global _install_count, _torch_sdpa, _torch_linear
-    with _install_lock:
-        if _install_count == 0:
-            _torch_sdpa, _torch_linear = F.scaled_dot_product_attention, F.linear
-            F.scaled_dot_product_attention, F.linear = _offloading_sdpa, _offloading_linear
-        _install_count += 1
-
-
-def _uninstall():
-    global _install_count
-    with _install_lock:
-        _install_count -= 1
-        if _install_count == 0:
-            F.scaled_dot_product_attention, F.linear = _torch_sdpa, _torch_linear
+_SDPA.wrapper, _LINEAR.wrapper = _offloading_sdpa, _offloading_linear
 
 
 def _offload_matmuls(ctx, op, *args, **kwargs):
@@ -118,11 +131,15 @@ class _Scope:
         if not hasattr(_scopes, "stack"):
             _scopes.stack = []
         _scopes.stack.append(self)
-        _install()
+        _SDPA.install()
+        if self.projection_weights:
+            _LINEAR.install()
         return self
 
     def __exit__(self, exc_type, *exc):
-        _uninstall()
+        if self.projection_weights:
+            _LINEAR.uninstall()
+        _SDPA.uninstall()
         _scopes.stack.pop()
         if exc_type is None and not self.is_recompute and self.calls == 0:
             _warn_not_intercepted()
