@@ -107,7 +107,8 @@ class AutoHandle(OffloadHandle):
         self._trial = 0  # index into candidates
         self._steps = 0  # steps finished under the current candidate
         self._started: Optional[float] = None
-        self.current = self._switch(candidates[0])
+        self.current: Optional[OffloadHandle] = None  # the candidate's handle in use
+        self._switch(candidates[0])
         self.on_remove(model.register_forward_pre_hook(self._on_forward))
 
     @property
@@ -134,8 +135,8 @@ class AutoHandle(OffloadHandle):
                          f"{'-' if peak is None else f'{peak:.2f}'} | {row['within_budget']} | {row['chosen']} |")
         return "\n".join(lines) + "\n"
 
-    def _switch(self, candidate: str) -> OffloadHandle:
-        if getattr(self, "current", None) is not None:
+    def _switch(self, candidate: str) -> None:
+        if self.current is not None:
             old = self.current.manager
             self.current.remove()
             if old is not None:
@@ -143,7 +144,6 @@ class AutoHandle(OffloadHandle):
                 old.empty_pool()  # its pinned buffers, before the next candidate's pool fills
         self.current = _install(self.model, self._blocks, candidate, self._manager_options)
         self.manager = self.current.manager
-        return self.current
 
     def _on_forward(self, module, args):
         if self.planned or not (module.training and torch.is_grad_enabled()):
