@@ -32,8 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, log, new_result,  # noqa: E402
-                               pinned_bandwidth, release_memory, short_gpu_name, sync, table, timed_steps)
+from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, flat_grads, log,  # noqa: E402
+                               new_result, pinned_bandwidth, release_memory, short_gpu_name, sync, table, timed_steps)
 
 OURS = ("all", "sync", "disk")
 
@@ -132,10 +132,6 @@ def per_step_bytes(stats, steps):
         row["copied_over_distinct"] = stats["bytes_to_host"] / stats["distinct_bytes_saved"]
         row["copied_within_target"] = row["copied_over_distinct"] <= 1.05
     return row
-
-
-def flat_grads(model):
-    return torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
 
 
 def noise_floor(model, args):

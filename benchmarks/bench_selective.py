@@ -33,8 +33,8 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import (GB, LLAMA3_8B, REFERENCE, add_run_args, build_llama, finish_run_args, log, new_result,  # noqa: E402
-                               release_memory, short_gpu_name, sync, table, timed_steps)
+from benchmarks.common import (GB, LLAMA3_8B, REFERENCE, add_run_args, build_llama, finish_run_args, flat_grads,  # noqa: E402
+                               log, new_result, release_memory, short_gpu_name, sync, table, timed_steps)
 from torch_offload import policies  # noqa: E402
 
 VARIANTS = ("ckpt", "torch_sac", "hidden", "selective", "selective_qkv", "auto")
@@ -72,7 +72,7 @@ def noise_floor(model, args) -> dict:
         undo = enable(model, variant) if variant != "none" else (lambda: None)
         try:
             model(input_ids=ids, labels=ids).loss.backward()
-            flat = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+            flat = flat_grads(model)
             model.zero_grad(set_to_none=True)
             return flat
         finally:

@@ -1,8 +1,11 @@
 """What the benchmark scripts share. The measuring helpers live in the package
 (torch_offload/bench/common.py, also used by `python -m torch_offload.bench`); this file adds the
-scripts' command-line options. Import after putting the repository root on sys.path."""
+scripts' command-line options and gradient comparison. Import after putting the repository root on
+sys.path."""
 import sys
 from pathlib import Path
+
+import torch
 
 from torch_offload.bench.common import (GB, LLAMA3_8B, REFERENCE, TINY, build_llama, gpu_name,  # noqa: F401
                                         log, new_result, pinned_bandwidth, release_memory,
@@ -28,3 +31,8 @@ def finish_run_args(args, shape: dict, tiny_shape: dict = TINY, tiny_seqs: str =
         args.seqs = tiny_seqs
     args.seq_list = [int(s) for s in args.seqs.split(",") if s]  # --seqs "": none
     return args
+
+
+def flat_grads(model) -> torch.Tensor:
+    """Every parameter gradient of `model`, in fp32, as one vector (for relative errors)."""
+    return torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
