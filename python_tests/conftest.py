@@ -5,10 +5,16 @@ import torch_offload  # noqa: F401  (loads the library and registers the Python 
 
 HAS_CUDA = torch.cuda.is_available()
 
-cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+_needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+
+
+def cuda_only(test):
+    """A CUDA-only test: skipped without a device, and selected by `pytest -m cuda` on the GPU machine."""
+    return pytest.mark.cuda(_needs_cuda(test))
+
 
 # Every device-generic test runs on CPU (CI) and, where present, on CUDA.
-DEVICES = ["cpu", pytest.param("cuda", marks=[cuda_only, pytest.mark.cuda])]
+DEVICES = ["cpu", pytest.param("cuda", marks=[_needs_cuda, pytest.mark.cuda])]
 
 
 @pytest.fixture

@@ -26,14 +26,14 @@ def test_auto_trains_like_checkpointing_through_every_trial_and_keeps_one(device
     # 4 candidates x 2 trial steps; the 9th step's forward closes the last trial and decides.
     _train_alike(ours, reference, device, steps=11)
     assert handle.planned and [r["candidate"] for r in handle.plan] == [
-        "hidden_states", "selective:attention", "selective:attention_qkv", "checkpointing"]
+        "hidden_states", "selective:attention", "selective:attention+qkv+out_proj", "checkpointing"]
     assert sum(r["chosen"] for r in handle.plan) == 1
     assert handle.chosen == next(r["candidate"] for r in handle.plan if r["chosen"])
     assert all(r["step_s"] > 0 for r in handle.plan)
     assert handle.current.mode == handle.chosen.partition(":")[0]
     assert (handle.manager is None) == (handle.chosen == "checkpointing")
     table = handle.explain()
-    assert "selective:attention_qkv" in table and "| True |" in table
+    assert "selective:attention+qkv+out_proj" in table and "| True |" in table
     if device == "cuda":
         # The default budget is checkpointing's peak, measured in its trial.
         assert handle.budget_gb == handle.plan[3]["peak_allocated_GB"]

@@ -91,8 +91,8 @@ def test_link_utilisation_is_bytes_over_step_time_times_bandwidth():
 
 
 def test_bench_selective_cpu_smoke(tmp_path):
-    # Every variant runs on the tiny model; auto's trial steps run before its timed step and its
-    # plan (four candidates, one chosen) is in the JSON.
+    # The default variants run on the tiny model; auto's trial steps run before its timed step and
+    # its plan (every candidate, one chosen) is in the JSON.
     run = subprocess.run([sys.executable, "benchmarks/bench_selective.py", "--device", "cpu", "--tiny", "--seqs", "64",
                           "--steps", "1", "--warmup", "1", "--noise-seq", "32", "--out", str(tmp_path)],
                          capture_output=True, text=True, cwd=REPO, timeout=600)
@@ -106,6 +106,24 @@ def test_bench_selective_cpu_smoke(tmp_path):
     plan = runs["auto"]["auto_plan"]
     assert len(plan) == 4 and sum(r["chosen"] for r in plan) == 1
     assert runs["auto"]["auto_chosen"] in {r["candidate"] for r in plan}
+
+
+def test_bench_selective_reentrant_variants_and_rounds_cpu_smoke(tmp_path):
+    # The reentrant variants and a named policy, each run twice (interleaved): the summary has one
+    # row per variant, the median of its two rounds; their gradients are checkpointing's.
+    variants = "ckpt,ckpt_re,hidden_re,selective_re,sel_re:attention+out_proj+fc2"
+    run = subprocess.run([sys.executable, "benchmarks/bench_selective.py", "--device", "cpu", "--tiny", "--seqs", "64",
+                          "--steps", "1", "--warmup", "1", "--rounds", "2", "--variants", variants,
+                          "--noise-seq", "32", "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "selective_cpu.json").read_text())
+    assert [r["variant"] for r in result["runs"]] == variants.split(",") * 2
+    summary = {r["variant"]: r for r in result["summary"]}
+    assert set(summary) == set(variants.split(",")) and all(r["rounds"] == 2 for r in summary.values())
+    assert all(len(r["step_s_rounds"]) == 2 for r in summary.values())
+    assert summary["selective_re"]["offload_stats"]["saves"] > 0
+    assert all(result["noise"][v]["bit_equal"] for v in ("hidden_re", "selective_re", "sel_re:attention+out_proj+fc2"))
 
 
 def test_bench_activations_cpu_smoke_with_trl(tmp_path):

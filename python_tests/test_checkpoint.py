@@ -208,11 +208,6 @@ def test_user_keywords_still_reach_the_function():
     assert block.seen == [["attention_mask"], ["attention_mask"]]
 
 
-def test_use_reentrant_true_is_a_clear_error():
-    with pytest.raises(ValueError, match="torch_offload.checkpoint: use_reentrant=True"):
-        torch_offload.checkpoint(Block(), torch.randn(2, 32, requires_grad=True), use_reentrant=True)
-
-
 def test_bad_determinism_check_is_torchs_error():
     with pytest.raises(ValueError, match="determinism_check should be one of"):
         torch_offload.checkpoint(Block(), torch.randn(2, 32, requires_grad=True), determinism_check="x")

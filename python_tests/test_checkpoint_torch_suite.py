@@ -4,7 +4,7 @@ Sources (read, not copied): test/test_utils.py TestCheckpoint, the non-reentrant
 test/test_autograd.py (TestAutograd), its nested-checkpoint tests and TestSelectiveActivationCheckpoint.
 Each case runs through our checkpoint and asserts what torch's test asserts: values and gradients
 equal to torch's checkpoint or to no checkpointing (bit for bit in fp32), or torch's error. Tests of
-the reentrant variant are replaced by one test of our clear error (use_reentrant=True is not offered).
+the reentrant variant are in test_reentrant.py.
 Not brought over: checkpoint_sequential (torch_offload has none), torch.compile / dynamo cases,
 tensor-subclass dispatch sizes, DataParallel and multi-GPU device-state inference (torch's own
 helpers, unchanged by us).
@@ -20,7 +20,7 @@ from torch.utils.checkpoint import (CheckpointError, CheckpointPolicy, create_se
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import torch_offload
-from conftest import cuda_only
+from conftest import DEVICES, cuda_only
 
 ours = functools.partial(torch_offload.checkpoint, use_reentrant=False)
 theirs = functools.partial(torch_checkpoint, use_reentrant=False)
@@ -98,7 +98,7 @@ def test_autograd_grad_with_create_graph_works():
     assert torch.equal(got[0], expected[0])
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda_only)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_rng_state_replayed(device):
     for _ in range(3):
         inp = torch.randn(20000, device=device).requires_grad_()
@@ -165,11 +165,6 @@ def test_partial_grad():
     assert not out.requires_grad
     with pytest.raises(RuntimeError, match="does not require grad"):
         out.sum().backward()
-
-
-def test_use_reentrant_true_is_refused():
-    with pytest.raises(ValueError, match="use_reentrant=True is not supported"):
-        torch_offload.checkpoint(_mlp(), torch.randn(1, 100, requires_grad=True), use_reentrant=True)
 
 
 @cuda_only

@@ -38,19 +38,21 @@ MODELS = {
 }
 DENSE_MLP = ["mlp.gate_proj", "mlp.up_proj"]
 QKV = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
+OUT = {"out_proj": ["self_attn.o_proj"]}
 # Per model and preset: the names selected in each decoder layer (None: selects nothing).
 EXPECTED = {
-    "llama": {"attn": ["self_attn"], "core_attn": ["self_attn"], "qkv": QKV, "mlp": ["mlp"],
-              "fc1": DENSE_MLP, "moe_router": None, "moe_experts": None},
-    "qwen2": {"attn": ["self_attn"], "core_attn": ["self_attn"], "qkv": QKV, "mlp": ["mlp"],
-              "fc1": DENSE_MLP, "moe_router": None, "moe_experts": None},
-    "mixtral": {"attn": ["self_attn"], "core_attn": ["self_attn"], "qkv": QKV, "mlp": ["mlp"],
-                "fc1": None, "moe_router": ["mlp.gate"], "moe_experts": ["mlp.experts"]},
-    "qwen2_moe": {"attn": ["self_attn"], "core_attn": ["self_attn"], "qkv": QKV, "mlp": ["mlp"],
+    "llama": {"attn": ["self_attn"], "core_attn": ["self_attn"], "qkv": QKV, **OUT, "mlp": ["mlp"],
+              "fc1": DENSE_MLP, "fc2": ["mlp.down_proj"], "moe_router": None, "moe_experts": None},
+    "qwen2": {"attn": ["self_attn"], "core_attn": ["self_attn"], "qkv": QKV, **OUT, "mlp": ["mlp"],
+              "fc1": DENSE_MLP, "fc2": ["mlp.down_proj"], "moe_router": None, "moe_experts": None},
+    "mixtral": {"attn": ["self_attn"], "core_attn": ["self_attn"], "qkv": QKV, **OUT, "mlp": ["mlp"],
+                "fc1": None, "fc2": None, "moe_router": ["mlp.gate"], "moe_experts": ["mlp.experts"]},
+    "qwen2_moe": {"attn": ["self_attn"], "core_attn": ["self_attn"], "qkv": QKV, **OUT, "mlp": ["mlp"],
                   "fc1": ["mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"],
+                  "fc2": ["mlp.shared_expert.down_proj"],
                   "moe_router": ["mlp.gate"], "moe_experts": ["mlp.experts"]},
-    "qwen3_moe": {"attn": ["self_attn"], "core_attn": ["self_attn"], "qkv": QKV, "mlp": ["mlp"],
-                  "fc1": None, "moe_router": ["mlp.gate"], "moe_experts": ["mlp.experts"]},
+    "qwen3_moe": {"attn": ["self_attn"], "core_attn": ["self_attn"], "qkv": QKV, **OUT, "mlp": ["mlp"],
+                  "fc1": None, "fc2": None, "moe_router": ["mlp.gate"], "moe_experts": ["mlp.experts"]},
 }
 
 
@@ -97,7 +99,7 @@ def test_presets_combine_with_each_other_and_with_targets():
 
 def test_preset_errors_name_what_was_written():
     model = MODELS["llama"]()
-    with pytest.raises(ValueError, match="unknown module preset 'qkv_proj'; known presets: core_attn, qkv, attn"):
+    with pytest.raises(ValueError, match="unknown module preset 'qkv_proj'; known presets: core_attn, qkv, out_proj, attn"):
         torch_offload.select_modules(model, presets=["qkv_proj"])
     with pytest.raises(ValueError, match="preset 'moe_router' selects nothing in LlamaForCausalLM"):
         torch_offload.apply(model, "modules", presets=["moe_router"])

@@ -279,7 +279,15 @@ def test_attention_by_name_warns_when_the_block_does_not_call_sdpa(monkeypatch):
     assert x.grad is not None
 
 
-def test_attention_qkv_skips_the_projection_products_in_the_recompute():
+# Linear products per layer that the group spares the recompute. torch's non-reentrant checkpoint
+# (under use_reentrant=False) stops its recompute early, before the MLP's down projection, whose
+# output backward does not need: offloading it spares nothing there. The reentrant variant reruns
+# the whole block, down projection included, unless "fc2" is offloaded.
+@pytest.mark.parametrize("use_reentrant", [False, True])
+@pytest.mark.parametrize("policy,spared", [("attention_qkv", (3, 3)), ("attention+fc2", (0, 1)),
+                                           ("attention+out_proj+fc2", (1, 2)),
+                                           ("attention+qkv+out_proj+fc1+fc2", (6, 7))])
+def test_projection_groups_skip_their_products_in_the_recompute(policy, spared, use_reentrant):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class CountMatmuls(TorchDispatchMode):
@@ -293,7 +301,8 @@ def test_attention_qkv_skips_the_projection_products_in_the_recompute():
 
     def matmuls_in_backward(policy):
         model = _tiny_llama("cpu", 0.0)
-        handle = torch_offload.apply(model, "selective", model.model.layers, policy=policy, min_bytes=0)
+        handle = torch_offload.apply(model, "selective", model.model.layers, policy=policy, min_bytes=0,
+                                     use_reentrant=use_reentrant)
         ids = torch.randint(0, 256, (2, 32))
         loss = model(input_ids=ids, labels=ids).loss
         with CountMatmuls() as counter:
@@ -301,16 +310,20 @@ def test_attention_qkv_skips_the_projection_products_in_the_recompute():
         handle.remove()
         return counter.count
 
-    # 3 layers x (q, k, v): products restored, not recomputed.
-    assert matmuls_in_backward("attention") - matmuls_in_backward("attention_qkv") == 9
+    # 3 layers x the group's Linear modules: products restored, not recomputed.
+    assert matmuls_in_backward("attention") - matmuls_in_backward(policy) == 3 * spared[use_reentrant]
 
 
-def test_attention_qkv_errors_name_the_case():
-    with pytest.raises(ValueError, match="has no query/key/value projections"):
+def test_projection_group_errors_name_the_case():
+    with pytest.raises(ValueError, match="has no Linear modules in module preset 'qkv'"):
         torch_offload.apply(nn.Sequential(nn.Linear(2, 2)), "selective", policy="attention_qkv",
                             blocks=[nn.Linear(2, 2)])
+    with pytest.raises(ValueError, match=r"policy='attention\+mlp'.*projection groups among"):
+        torch_offload.apply(nn.Sequential(nn.Linear(2, 2)), "selective", policy="attention+mlp")
+    with pytest.raises(ValueError, match="projection groups among"):
+        torch_offload.apply(nn.Sequential(nn.Linear(2, 2)), "selective", policy="attention+fc2+fc2")
     with pytest.raises(ValueError, match="pass the block as `function`"):
         torch_offload.selective_checkpoint(lambda t: t.sin(), torch.randn(2, requires_grad=True),
                                            policy="attention_qkv")
-    with pytest.raises(ValueError, match="'attention_qkv' is eager only"):
+    with pytest.raises(ValueError, match="'attention_qkv' .projection groups. is eager only"):
         torch_offload.compile(nn.Linear(2, 2), "selective", policy="attention_qkv", blocks=[])

@@ -1,5 +1,5 @@
-"""The named selective policies "attention" and "attention_qkv" without a dispatch mode over the
-whole block.
+"""The named selective policies ("attention", "attention+qkv", "attention+fc2+out_proj", ...) without
+a dispatch mode over the whole block.
 
 Through torch's selective checkpointing, every op of a block (forward and recompute) passes through
 two Python dispatch modes so that the policy can pick out the one op that matters: tens of
@@ -8,17 +8,23 @@ intercepts only that op's caller: while a block checkpointed by us runs, the mod
 torch.nn.functional.scaled_dot_product_attention is a wrapper, and inside that one call the same
 offload mode as the policy path (selective._OffloadMode) offloads the fused kernel's outputs in
 forward and returns them restored in the recompute. Every other op runs at full speed, and the rest
-of the block is recomputed as under plain checkpointing. "attention_qkv" also offloads the outputs of
-the block's query/key/value projections (module_presets' "qkv" modules): torch.nn.functional.linear
-is wrapped the same way, and only calls with one of those modules' weights are intercepted, so the
-recompute skips their matrix products too (their backward still gets its recomputed input).
+of the block is recomputed as under plain checkpointing.
+
+"attention+<group>+...": the products of the block's Linear modules in those module presets are
+offloaded too (PROJECTION_GROUPS: "qkv" the query/key/value projections, "out_proj" the attention's
+output projection, "fc1" the MLP's up/gate projections, "fc2" its down projection; "attention_qkv"
+is "attention+qkv"). torch.nn.functional.linear is wrapped the same way and only calls with one of
+those modules' weights are intercepted, so the recompute skips their matrix products (their
+backward still gets its recomputed input). The products worth moving are those whose recompute
+costs most per byte: a Linear's costs 2 x in_features FLOPs per output element, so the MLP's down
+projection (in_features = the MLP width) pays most after the attention itself.
 
 Each wrapper is installed while at least one block that needs it runs (in any thread; the linear
-one only for "attention_qkv") and removed after, so code outside our blocks, compiled or not, sees
-torch's own functions. Models that call SDPA through a
-name imported before the block ran (`from torch.nn.functional import scaled_dot_product_attention`)
-are not intercepted: their attention is recomputed, and a warning says to pass the policy as a
-function (policy=torch_offload.policies.attention), which takes the per-op path.
+one only with projection groups) and removed after, so code outside our blocks, compiled or not,
+sees torch's own functions. Models that call SDPA through a name imported before the block ran
+(`from torch.nn.functional import scaled_dot_product_attention`) are not intercepted: their
+attention is recomputed, and a warning says to pass the policy as a function
+(policy=torch_offload.policies.attention), which takes the per-op path.
 """
 import threading
 import warnings
@@ -30,16 +36,17 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy
 
 from . import policies
-from .module_presets import preset_modules
+from .module_presets import PRESETS, preset_modules
 
-FAST_POLICIES = ("attention", "attention_qkv")
-# Saves per block: "attention" policies.SAVES_PER_BLOCK (input, attention output, logsumexp), and q, k, v.
-SAVES_PER_BLOCK = {"attention": policies.SAVES_PER_BLOCK, "attention_qkv": policies.SAVES_PER_BLOCK + 3}
+# A named policy is "attention" plus, joined by "+", groups of projections (module_presets' names)
+# whose products are offloaded too: "attention+fc2+out_proj". "attention_qkv" is "attention+qkv".
+PROJECTION_GROUPS = ("qkv", "out_proj", "fc1", "fc2")
+_ALIASES = {"attention_qkv": "attention+qkv"}
 _MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default})
 
 _scopes = threading.local()  # .stack: the scopes entered in this thread, innermost last
 _warned = False
-_projections = weakref.WeakKeyDictionary()  # block -> its q/k/v projection Linear modules
+_projections = weakref.WeakKeyDictionary()  # block -> {group: its Linear modules}
 
 
 class _Patch:
@@ -69,7 +76,7 @@ class _Patch:
 
 
 _SDPA = _Patch("scaled_dot_product_attention")
-_LINEAR = _Patch("linear")  # only while a scope has projections: every linear call pays for it
+_LINEAR = _Patch("linear")  # only while a scope has projection groups: every linear call pays for it
 
 
 def _offloading_sdpa(*args, **kwargs):
@@ -78,8 +85,19 @@ def _offloading_sdpa(*args, **kwargs):
         return _SDPA.torch_fn(*args, **kwargs)
     scope = stack[-1]
     scope.calls += 1
-    with scope.attention_mode:
-        return _SDPA.torch_fn(*args, **kwargs)
+    if scope.is_recompute or torch.is_grad_enabled():
+        with scope.attention_mode:
+            return _SDPA.torch_fn(*args, **kwargs)
+    # The forward of the reentrant variant runs without grad: run this call as the recompute will
+    # (grad enabled, query/key/value requiring grad), so that the same kernel is chosen and it
+    # computes the logsumexp that backward needs.
+    args = [a.detach().requires_grad_() if i < 3 else a for i, a in enumerate(args)]
+    for name in ("query", "key", "value"):
+        if name in kwargs:
+            kwargs[name] = kwargs[name].detach().requires_grad_()
+    with torch.enable_grad(), scope.attention_mode:
+        out = _SDPA.torch_fn(*args, **kwargs)
+    return out.detach()
 
 
 def _offloading_linear(input, weight, bias=None):
@@ -97,22 +115,51 @@ def _offload_matmuls(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_CPU_OFFLOAD if op in _MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def projection_weights(block: nn.Module) -> tuple:
-    """The weights of the Linear modules in `block`'s query/key/value projections, read now (FSDP2
+def projection_groups(policy):
+    """The projection groups of a named policy ("attention": none; "attention+fc2+out_proj": fc2,
+    out_proj), or None when `policy` is not such a name. Raises ValueError for an unknown group."""
+    if not isinstance(policy, str):
+        return None
+    head, *groups = _ALIASES.get(policy, policy).split("+")
+    if head != "attention" or (policy != "attention" and not groups):
+        return None
+    unknown = [g for g in groups if g not in PROJECTION_GROUPS]
+    if unknown or len(set(groups)) != len(groups):
+        raise ValueError(f"torch_offload selective policy={policy!r}: after 'attention', join with '+' distinct "
+                         f"projection groups among {PROJECTION_GROUPS} (e.g. 'attention+fc2+out_proj')")
+    return tuple(groups)
+
+
+def is_fast_policy(policy) -> bool:
+    return projection_groups(policy) is not None
+
+
+def projection_weights(block: nn.Module, groups=("qkv",)) -> tuple:
+    """The weights of the Linear modules of `groups` (module presets) in `block`, read now (FSDP2
     swaps a module's parameters between sharded and unsharded ones)."""
-    modules = _projections.get(block)
-    if modules is None:
-        try:
-            names = preset_modules(block, "qkv").include
-        except ValueError:  # selects nothing
-            names = []
-        modules = tuple(m for name in names for m in block.get_submodule(name).modules() if isinstance(m, nn.Linear))
-        if not modules:
-            raise ValueError(f"torch_offload selective policy='attention_qkv': {type(block).__name__} has no "
-                             "query/key/value projections (q_proj, k_proj, v_proj, qkv_proj, ... inside an "
-                             "attention module); use policy='attention'")
-        _projections[block] = modules
-    return tuple(m.weight for m in modules)
+    found = _projections.setdefault(block, {})
+    weights = []
+    for group in groups:
+        modules = found.get(group)
+        if modules is None:
+            try:
+                names = preset_modules(block, group).include
+            except ValueError:  # selects nothing
+                names = []
+            modules = tuple(m for name in names for m in block.get_submodule(name).modules() if isinstance(m, nn.Linear))
+            if not modules:
+                raise ValueError(f"torch_offload selective policy with {group!r}: {type(block).__name__} has no "
+                                 f"Linear modules in module preset {group!r} ({PRESETS[group][0]}); "
+                                 "leave the group out of the policy (or use policy='attention')")
+            found[group] = modules
+        weights.extend(m.weight for m in modules)
+    return tuple(weights)
+
+
+def saves_per_block(policy, block: nn.Module) -> int:
+    """Tensors one block saves under a named policy: the prefetch depth that keeps backward from
+    waiting on each copy."""
+    return policies.SAVES_PER_BLOCK + len(projection_weights(block, projection_groups(policy)))
 
 
 class _Scope:

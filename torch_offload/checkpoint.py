@@ -14,14 +14,15 @@ DTensor in the recompute (dtensors.py).
 """
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from torch.utils.checkpoint import noop_context_fn
 
 from ._ops import offload_restore, offload_save
 from . import node_budget
 from .dtensors import join_local, split_local
+from .flat_args import flatten, unflatten
 from .manager import default_manager
+from .reentrant import reentrant_checkpoint
 
 _TENSOR = object()  # marks where a tensor stood among flattened leaves
 
@@ -37,20 +38,24 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=noop_context_fn, 
 
     Keywords as in torch.utils.checkpoint.checkpoint (context_fn, determinism_check, debug,
     early_stop, preserve_rng_state), plus `manager` (default: torch_offload.default_manager()).
-    Only the non-reentrant variant exists: use_reentrant=None (torch would warn and pick the
-    reentrant one) and use_reentrant=False run it; use_reentrant=True raises ValueError.
+    use_reentrant=None (torch would warn and pick the reentrant variant) and False run the
+    non-reentrant checkpoint; use_reentrant=True runs our reentrant variant (reentrant.py: one
+    autograd node per call, cheaper on the host; gradients through .backward() only, and no
+    context_fn= or debug=, as in torch).
     With grad disabled, or without any tensor argument, torch's checkpoint runs unchanged.
     """
-    if use_reentrant:
-        raise ValueError("torch_offload.checkpoint: use_reentrant=True is not supported (only the "
-                         "non-reentrant checkpoint offloads); pass use_reentrant=False or leave it out")
+    if use_reentrant and (context_fn is not noop_context_fn or debug is not False):
+        raise ValueError("torch_offload.checkpoint: context_fn= and debug= are only taken with "
+                         "use_reentrant=False (as in torch.utils.checkpoint.checkpoint)")
     options = dict(use_reentrant=False, context_fn=context_fn, determinism_check=determinism_check,
                    debug=debug, early_stop=early_stop, preserve_rng_state=preserve_rng_state)
-    leaves, spec = tree_flatten((args, kwargs))
+    leaves, spec = flatten((args, kwargs))
     tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
     if not torch.is_grad_enabled() or not tensors:  # nothing to offload: torch's own behaviour
         return torch_checkpoint(function, *args, **options, **kwargs)
     manager = manager if manager is not None else default_manager()
+    if use_reentrant:
+        return reentrant_checkpoint(function, args, kwargs, manager, preserve_rng_state)
     manager_id = manager.id()
     first = tensors[0]
     local, dtensor_spec = split_local(first.detach())
@@ -71,7 +76,7 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=noop_context_fn, 
                 restored = offload_restore(handle, first_device, manager_id)
                 x = join_local(restored, dtensor_spec).requires_grad_(first_requires_grad)
         it = iter((x, *other_tensors))
-        call_args, call_kwargs = tree_unflatten([next(it) if v is _TENSOR else v for v in template], spec)
+        call_args, call_kwargs = unflatten([next(it) if v is _TENSOR else v for v in template], spec)
         return function(*call_args, **call_kwargs)
 
     first_device, first_requires_grad = local.device, first.requires_grad

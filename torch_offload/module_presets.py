@@ -24,6 +24,7 @@ OUT_PROJ = ("o_proj", "out_proj", "c_proj", "dense", "wo")
 QK_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "q_a_layernorm", "kv_a_layernorm")
 MLP = ("mlp", "block_sparse_moe", "feed_forward", "ffn")
 FC1 = ("gate_proj", "up_proj", "gate_up_proj", "fc1", "c_fc", "w1", "w3", "dense_h_to_4h")
+FC2 = ("down_proj", "fc2", "c_proj", "w2", "dense_4h_to_h")
 EXPERTS = ("experts",)
 ROUTER = ("gate", "router")  # a child of a block that also has "experts"
 
@@ -83,6 +84,14 @@ def _core_attn(model):
     return PresetModules(sorted(cores + plain, key=order.get), _inside(model, plain, QKV + OUT_PROJ + QK_NORMS))
 
 
+def _out_proj(model):
+    return PresetModules(_inside(model, _named(model, ATTENTION), OUT_PROJ), [])
+
+
+def _fc2(model):
+    return PresetModules(_inside(model, _named(model, MLP), FC2), [])
+
+
 def _mlp(model):
     return PresetModules(_named(model, MLP), [])
 
@@ -106,8 +115,10 @@ PRESETS: Dict[str, Tuple[str, Callable[[nn.Module], PresetModules]]] = {
                   "attention block without its q/k/v/output projections and q/k norms", _core_attn),
     "qkv": ("the q/k/v projections (or a fused qkv projection) inside an attention block (%s)" % ", ".join(QKV),
             _qkv),
+    "out_proj": ("the output projection inside an attention block (%s)" % ", ".join(OUT_PROJ), _out_proj),
     "attn": ("the whole attention block (a module named %s)" % ", ".join(ATTENTION), _attn),
     "fc1": ("the up/gate projections inside an MLP block (%s)" % ", ".join(FC1), _fc1),
+    "fc2": ("the down projection inside an MLP block (%s)" % ", ".join(FC2), _fc2),
     "mlp": ("the whole MLP or MoE block (a module named %s)" % ", ".join(MLP), _mlp),
     "moe_router": ("the router of an MoE block (a module named gate or router beside one named experts)",
                    _moe_router),

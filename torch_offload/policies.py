@@ -42,12 +42,12 @@ def resolve(policy, caller: str):
     """A policy function from a name in POLICIES, a list of ops (kept, as in torch's
     create_selective_checkpoint_contexts) or a policy function."""
     if isinstance(policy, str):
-        if policy == "attention_qkv":
-            raise ValueError(f"{caller}: policy='attention_qkv' is eager only (apply(mode='selective'), "
-                             "selective_checkpoint); here use 'attention' or a policy function")
+        if policy not in POLICIES and (policy == "attention_qkv" or policy.startswith("attention+")):
+            raise ValueError(f"{caller}: policy={policy!r} (projection groups) is eager only "
+                             "(apply(mode='selective'), selective_checkpoint); here use 'attention' or a policy function")
         if policy not in POLICIES:
             raise ValueError(f"{caller}: unknown policy={policy!r}; expected one of {sorted(POLICIES)} "
-                             "(eager selective also 'attention_qkv'), "
+                             "(eager selective also 'attention+qkv' and other projection groups), "
                              "a list of ops or a policy function")
         return POLICIES[policy]
     if isinstance(policy, (list, tuple, set, frozenset)):

@@ -17,16 +17,17 @@ from collections import defaultdict
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, SelectiveCheckpointContext,
                                     create_selective_checkpoint_contexts)
 
 from ._ops import offload_restore, offload_save
 from .activations import _compact, _Packed, _rebuild
-from .attention_offload import FAST_POLICIES, attention_offload_contexts, projection_weights
+from .attention_offload import attention_offload_contexts, is_fast_policy, projection_groups, projection_weights
 from .checkpoint import checkpoint as offload_checkpoint
 from .manager import default_manager
 from .policies import resolve
+from .reentrant import reentrant_checkpoint
 
 _OFFLOAD = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
 DEFAULT_MIN_BYTES = 1 << 16  # smaller outputs (dropout seeds, empty masks) stay on the device
@@ -67,6 +68,8 @@ class _Offloaded:
             return value
         if value.numel() == 0 or value.numel() * value.element_size() < self.min_bytes or value.layout != torch.strided:
             return value.detach()
+        if value.is_contiguous():  # the common case: restored as it is
+            return _Held(_Packed(offload_save(value, self.manager_id), value.device, None, None), None)
         source, permutation, expanded_sizes = _compact(value)
         packed = _Packed(offload_save(source, self.manager_id), value.device, permutation, expanded_sizes)
         # A layout that is neither dense nor a permutation of dense comes back contiguous from
@@ -161,25 +164,42 @@ def selective_offload_contexts(policy="attention", manager=None, min_bytes=DEFAU
 
 
 def checkpoint(function, *args, policy="attention", manager=None, min_bytes=DEFAULT_MIN_BYTES, block=None,
-               **kwargs):
+               use_reentrant=False, **kwargs):
     """torch_offload.checkpoint (the first tensor input offloaded, the block recomputed in backward)
     with a selective offload policy inside the block; other keywords as in torch_offload.checkpoint.
 
-    policy="attention" and "attention_qkv" intercept only the calls that matter (attention_offload.py);
-    "attention_qkv" needs the block's module, to find its q/k/v projections: `function` itself when
-    it is an nn.Module, else `block=`. A policy function takes the per-op path (dispatch modes)."""
+    The named policies "attention" and "attention+<group>+..." ("attention_qkv" is "attention+qkv")
+    intercept only the calls that matter (attention_offload.py); projection groups need the block's
+    module, to find its projections: `function` itself when it is an nn.Module, else `block=`. A
+    policy function takes the per-op path (dispatch modes).
+    use_reentrant=True: the reentrant variant (reentrant.py; cheaper on the host, gradients through
+    .backward() only), for the named policies."""
     if "context_fn" in kwargs:
         raise ValueError("torch_offload.selective_checkpoint: pass policy=, not context_fn=")
     manager = manager if manager is not None else default_manager()
-    if isinstance(policy, str) and policy in FAST_POLICIES:  # intercepted calls, not a mode per op
+    fast = is_fast_policy(policy)
+    if use_reentrant and not fast:
+        raise ValueError(f"torch_offload.selective_checkpoint: use_reentrant=True takes the named policies "
+                         f"('attention', 'attention+qkv', ...), got policy={policy!r} (a policy function needs "
+                         "use_reentrant=False)")
+    if fast:  # intercepted calls, not a mode per op
         weights = ()
-        if policy == "attention_qkv":
+        groups = projection_groups(policy)
+        if groups:
             block = block if block is not None else function
             if not isinstance(block, nn.Module):
-                raise ValueError("torch_offload.selective_checkpoint(policy='attention_qkv'): pass the block as "
-                                 "`function` (an nn.Module) or as block=, to find its q/k/v projections")
-            weights = projection_weights(block)
+                raise ValueError(f"torch_offload.selective_checkpoint(policy={policy!r}): pass the block as "
+                                 "`function` (an nn.Module) or as block=, to find its projections")
+            weights = projection_weights(block, groups)
         context_fn = functools.partial(attention_offload_contexts, _Offloaded(manager, min_bytes), weights)
     else:
         context_fn = functools.partial(selective_offload_contexts, policy, manager, min_bytes)
+    if use_reentrant and torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) for v in tree_leaves((args, kwargs))):
+        # torch's keywords, as torch's reentrant checkpoint takes them (debug is refused, the rest ignored).
+        options = {name: kwargs.pop(name) for name in ("preserve_rng_state", "determinism_check", "debug", "early_stop")
+                   if name in kwargs}
+        if options.get("debug"):
+            raise ValueError("torch_offload.selective_checkpoint: debug= is only taken with use_reentrant=False")
+        return reentrant_checkpoint(function, args, kwargs, manager, options.get("preserve_rng_state", True),
+                                    scopes=context_fn)
     return offload_checkpoint(function, *args, context_fn=context_fn, manager=manager, **kwargs)

@@ -1,11 +1,13 @@
 """mode="auto": measures our checkpoint-replacing modes on the first training steps, on this machine
 and this model, and keeps the fastest whose peak memory fits a budget.
 
-Candidates: "hidden_states", "selective:attention", "selective:attention_qkv" (the last only when
-the blocks have q/k/v projections) and "checkpointing" (torch's own, nothing offloaded: where the
-step is bound by the host, e.g. short sequences, it can be the fastest, and auto should never lose
-to it). They all train exactly like gradient checkpointing (fp32 gradients bit-equal), so the trial
-steps are ordinary training steps. A step is one forward of the
+Candidates: "hidden_states", "selective:attention", "selective:attention+qkv+out_proj" (only when
+the blocks have those projections; `candidates=` also takes any other "selective:<named policy>")
+and "checkpointing" (torch's own, nothing offloaded: where the step is bound by the host, e.g. short
+sequences, it can be the fastest, and auto should never lose to it). use_reentrant=True runs every
+candidate in its reentrant variant (ours, reentrant.py, and torch's), with "+fc2" added to the
+policies with projection groups. They all train exactly like gradient checkpointing (fp32
+gradients bit-equal), so the trial steps are ordinary training steps. A step is one forward of the
 model in training mode with grad enabled, and what follows it until the next such forward (its
 backward, the optimizer). Each candidate runs `trial_steps` steps; the last one is timed (the first
 warms the allocator, the pinned pool and the kernels) and its peak allocated memory read. The budget,
@@ -18,6 +20,7 @@ table. On CPU there is no peak to read and the budget is not checked.
 
 While it plans, auto synchronises the device and resets its peak-memory statistics at each step.
 """
+import functools
 import time
 import warnings
 from typing import List, Optional
@@ -26,16 +29,16 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from ..attention_offload import SAVES_PER_BLOCK, projection_weights
+from ..attention_offload import is_fast_policy, projection_groups, projection_weights, saves_per_block
 from ..blocks import BlockForward
 from ..handle import OffloadHandle, blocks_to_wrap
 from ..manager import OffloadManager
 from .hidden_states import apply_hidden_states
-from .options import check_options
+from .options import check_options, check_use_reentrant
 from .selective import apply_selective
 
-CANDIDATES = ("hidden_states", "selective:attention", "selective:attention_qkv", "checkpointing")
-_OPTIONS = ("memory_budget_gb", "trial_steps", "candidates", "max_in_flight", "host_budget_bytes")
+CANDIDATES = ("hidden_states", "selective:attention", "selective:attention+qkv+out_proj", "checkpointing")
+_OPTIONS = ("memory_budget_gb", "trial_steps", "candidates", "max_in_flight", "host_budget_bytes", "use_reentrant")
 _WHY = {"prefetch_depth": "mode='auto' sets each candidate's prefetch depth",
         "policy": "mode='auto' tries the selective policies itself (candidates=)"}
 GB = 1e9
@@ -49,56 +52,84 @@ def apply_auto(model: nn.Module, blocks, manager, options: dict) -> OffloadHandl
     options = dict(options)
     budget = options.pop("memory_budget_gb", None)
     trial_steps = options.pop("trial_steps", 2)
-    candidates = list(options.pop("candidates", None) or _default_candidates(model, blocks))
-    unknown = [c for c in candidates if c not in CANDIDATES]
+    use_reentrant = check_use_reentrant("auto", options.pop("use_reentrant", False))
+    candidates = list(options.pop("candidates", None) or _default_candidates(model, blocks, use_reentrant))
+    unknown = [c for c in candidates if not _is_candidate(c)]
     if unknown or not candidates:
-        raise ValueError(f"torch_offload.apply(mode='auto'): candidates={candidates!r}; choose from {CANDIDATES}")
+        raise ValueError(f"torch_offload.apply(mode='auto'): candidates={candidates!r}; choose from {CANDIDATES} "
+                         "(or 'selective:' with another named policy, e.g. 'selective:attention+fc2')")
     if not isinstance(trial_steps, int) or trial_steps < 1:
         raise ValueError(f"torch_offload.apply(mode='auto'): trial_steps={trial_steps!r}; expected an int >= 1")
     if budget is not None and not budget > 0:
         raise ValueError(f"torch_offload.apply(mode='auto'): memory_budget_gb={budget!r}; expected a number > 0")
-    return AutoHandle(model, blocks_to_wrap(model, blocks), candidates, trial_steps, budget, options)
+    return AutoHandle(model, blocks_to_wrap(model, blocks), candidates, trial_steps, budget, options, use_reentrant)
 
 
-def _default_candidates(model, blocks) -> List[str]:
+def _is_candidate(candidate) -> bool:
+    if candidate in CANDIDATES:
+        return True
+    kind, _, policy = str(candidate).partition(":")
     try:
-        for block in blocks_to_wrap(model, blocks):
-            projection_weights(block)
+        return kind == "selective" and is_fast_policy(policy)
     except ValueError:
-        return [c for c in CANDIDATES if c != "selective:attention_qkv"]
-    return list(CANDIDATES)
+        return False
+
+
+def _default_candidates(model, blocks, use_reentrant: bool) -> List[str]:
+    """CANDIDATES without the selective policies whose projections a block lacks. The reentrant
+    variant reruns the whole block, its MLP's down projection included (torch's non-reentrant
+    checkpoint stops before it): there a policy with projection groups offloads "fc2" too."""
+    kept = []
+    for candidate in CANDIDATES:
+        groups = projection_groups(candidate.partition(":")[2]) if candidate.startswith("selective:") else ()
+        if groups and use_reentrant:
+            candidate, groups = candidate + "+fc2", groups + ("fc2",)
+        try:
+            for block in blocks_to_wrap(model, blocks) if groups else ():
+                projection_weights(block, groups)
+        except ValueError:
+            continue
+        kept.append(candidate)
+    return kept
 
 
 class _TorchCheckpointForward(BlockForward):
-    """The "checkpointing" candidate: torch's non-reentrant checkpoint, nothing offloaded."""
+    """The "checkpointing" candidate: torch's checkpoint, nothing offloaded."""
+
+    def __init__(self, block: nn.Module, use_reentrant: bool):
+        super().__init__(block)
+        self.use_reentrant = use_reentrant
 
     def __call__(self, *args, **kwargs):
-        if self.training_with_grad():
-            return torch_checkpoint(self.run, *args, use_reentrant=False, **kwargs)
-        return self.run(*args, **kwargs)
+        if not self.training_with_grad():
+            return self.run(*args, **kwargs)
+        if self.use_reentrant:  # torch's reentrant checkpoint takes no keyword arguments
+            return torch_checkpoint(functools.partial(self.run, **kwargs), *args, use_reentrant=True)
+        return torch_checkpoint(self.run, *args, use_reentrant=False, **kwargs)
 
 
-def _install(model, blocks, candidate: str, manager_options: dict) -> OffloadHandle:
+def _install(model, blocks, candidate: str, manager_options: dict, use_reentrant: bool) -> OffloadHandle:
     if candidate == "checkpointing":
         handle = OffloadHandle(model, "checkpointing", None)
         for block in blocks:
-            handle.wrap(_TorchCheckpointForward(block))
+            handle.wrap(_TorchCheckpointForward(block, use_reentrant))
         handle.disable_hf_checkpointing()
         handle.disable_kv_cache()
         return handle
     if candidate == "hidden_states":
-        return apply_hidden_states(model, blocks, None, dict(manager_options))
+        return apply_hidden_states(model, blocks, None, dict(manager_options, use_reentrant=use_reentrant))
     policy = candidate.partition(":")[2]
-    manager = OffloadManager(prefetch_depth=SAVES_PER_BLOCK[policy], **manager_options)
-    return apply_selective(model, blocks, manager, {"policy": policy})
+    saves = max(saves_per_block(policy, block) for block in blocks)
+    manager = OffloadManager(prefetch_depth=saves, **manager_options)
+    return apply_selective(model, blocks, manager, {"policy": policy, "use_reentrant": use_reentrant})
 
 
 class AutoHandle(OffloadHandle):
     """The handle of mode="auto": the mode in use (`current`), the measurements (`plan`)."""
 
-    def __init__(self, model, blocks, candidates, trial_steps, budget_gb, manager_options):
+    def __init__(self, model, blocks, candidates, trial_steps, budget_gb, manager_options, use_reentrant=False):
         super().__init__(model, "auto", None)
-        self._blocks, self._manager_options = blocks, manager_options
+        self._blocks, self._manager_options, self._use_reentrant = blocks, manager_options, use_reentrant
         self._candidates, self._trial_steps, self._budget_gb = candidates, trial_steps, budget_gb
         self.plan: List[dict] = []
         self.planned = False
@@ -142,7 +173,7 @@ class AutoHandle(OffloadHandle):
             if old is not None:
                 old.synchronize()
                 old.empty_pool()  # its pinned buffers, before the next candidate's pool fills
-        self.current = _install(self.model, self._blocks, candidate, self._manager_options)
+        self.current = _install(self.model, self._blocks, candidate, self._manager_options, self._use_reentrant)
         self.manager = self.current.manager
 
     def _on_forward(self, module, args):

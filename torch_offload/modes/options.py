@@ -35,3 +35,11 @@ def check_options(mode, options: dict, manager, allowed: Iterable[str], why: dic
     if manager is not None and clashing:
         raise ValueError(f"torch_offload.apply: pass either manager= or the options that build one "
                          f"({', '.join(clashing)}), not both")
+
+
+def check_use_reentrant(mode, value) -> bool:
+    """use_reentrant= of apply(): True picks our reentrant checkpoint (reentrant.py), False (the
+    default) torch's non-reentrant one under ours."""
+    if not isinstance(value, bool):
+        raise TypeError(f"torch_offload.apply(mode={mode!r}): use_reentrant={value!r}; expected True or False")
+    return value

@@ -6,43 +6,47 @@ from torch import nn
 from ..blocks import BlockForward
 from ..handle import OffloadHandle, blocks_to_wrap
 from ..manager import OffloadManager
-from ..attention_offload import FAST_POLICIES, projection_weights
-from ..attention_offload import SAVES_PER_BLOCK as FAST_SAVES_PER_BLOCK
+from ..attention_offload import is_fast_policy, saves_per_block
 from ..policies import SAVES_PER_BLOCK, resolve
 from ..selective import DEFAULT_MIN_BYTES
 from ..selective import checkpoint as selective_checkpoint
-from .options import MANAGER_OPTIONS, check_options
+from .options import MANAGER_OPTIONS, check_options, check_use_reentrant
 
 
 def apply_selective(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
-    check_options("selective", options, manager, MANAGER_OPTIONS + ("policy", "min_bytes"))
+    check_options("selective", options, manager, MANAGER_OPTIONS + ("policy", "min_bytes", "use_reentrant"))
     options = dict(options)
     policy = options.pop("policy", "attention")
+    use_reentrant = check_use_reentrant("selective", options.pop("use_reentrant", False))
+    fast = is_fast_policy(policy)  # raises for a bad projection group
+    if use_reentrant and not fast:
+        raise ValueError(f"torch_offload.apply(mode='selective'): use_reentrant=True takes the named policies "
+                         f"('attention', 'attention+fc2', ...), got policy={policy!r}")
     min_bytes = options.pop("min_bytes", DEFAULT_MIN_BYTES)
-    if policy not in FAST_POLICIES:
+    if not fast:
         resolve(policy, "torch_offload.apply(mode='selective')")  # fail now, not at the first forward
     blocks = blocks_to_wrap(model, blocks)
-    if policy == "attention_qkv":
-        for block in blocks:
-            projection_weights(block)  # fail now for a block without q/k/v projections
-    # Backward prefetches the next block's saves, so that it never waits on their copies.
-    options.setdefault("prefetch_depth", FAST_SAVES_PER_BLOCK.get(policy, SAVES_PER_BLOCK))
+    # Fails now for a block without the policy's projections. Backward prefetches the next block's
+    # saves, so that it never waits on their copies.
+    saves = max(saves_per_block(policy, block) for block in blocks) if fast else SAVES_PER_BLOCK
+    options.setdefault("prefetch_depth", saves)
     manager = manager if manager is not None else OffloadManager(**options)
     handle = OffloadHandle(model, "selective", manager)
     for block in blocks:
-        handle.wrap(_SelectiveForward(block, manager, policy, min_bytes))
+        handle.wrap(_SelectiveForward(block, manager, policy, min_bytes, use_reentrant))
     handle.disable_hf_checkpointing()  # ours replaces it (twice would recompute twice)
     handle.disable_kv_cache()
     return handle
 
 
 class _SelectiveForward(BlockForward):
-    def __init__(self, block: nn.Module, manager, policy, min_bytes: int):
+    def __init__(self, block: nn.Module, manager, policy, min_bytes: int, use_reentrant: bool = False):
         super().__init__(block)
-        self.manager, self.policy, self.min_bytes = manager, policy, min_bytes
+        self.manager, self.policy, self.min_bytes, self.use_reentrant = manager, policy, min_bytes, use_reentrant
 
     def __call__(self, *args, **kwargs):
         if self.training_with_grad():
             return selective_checkpoint(self.run, *args, policy=self.policy, manager=self.manager,
-                                        min_bytes=self.min_bytes, block=self.block, **kwargs)
+                                        min_bytes=self.min_bytes, block=self.block,
+                                        use_reentrant=self.use_reentrant, **kwargs)
         return self.run(*args, **kwargs)
