@@ -5,14 +5,18 @@ Model: the reference random-init LlamaForCausalLM (benchmarks/common.py build_ll
 batch 1), forward+backward with labels=input_ids, at each sequence length in --seqs. Variants:
 
   ckpt        torch gradient checkpointing, non-reentrant (the model's gradient_checkpointing_enable)
+  ckpt_re     torch gradient checkpointing, reentrant
   torch_sac   torch selective checkpointing keeping the fused SDPA outputs on the GPU
               (context_fn=create_selective_checkpoint_contexts(torch_offload.policies.attention_save))
   hidden      torch_offload.apply(model, mode="hidden_states")
   selective   torch_offload.apply(model, "selective", policy="attention"): each layer's input
               and its SDPA outputs (attention output, logsumexp) offloaded, everything else recomputed
   selective_qkv  the same with policy="attention_qkv": the q/k/v projection products offloaded too
+  sel:POLICY  the same with any named policy, e.g. sel:attention+out_proj+fc2
   auto        torch_offload.apply(model, "auto"): its trial steps run first (not timed), then the
               mode it kept is timed; its plan is in the JSON
+  hidden_re, selective_re, sel_re:POLICY, auto_re   the same with use_reentrant=True (our
+              reentrant variant, torch_offload/reentrant.py)
 
 Per run: median step time, tokens/s, peak allocated / reserved GPU memory, the manager's statistics;
 per sequence length: tokens/s ratio and peak allocated difference versus ckpt, and the issue's targets
@@ -37,30 +41,41 @@ from benchmarks.common import (GB, LLAMA3_8B, REFERENCE, add_run_args, build_lla
                                log, new_result, release_memory, short_gpu_name, sync, table, timed_steps)
 from torch_offload import policies  # noqa: E402
 
-VARIANTS = ("ckpt", "torch_sac", "hidden", "selective", "selective_qkv", "auto")
+VARIANTS = ("ckpt", "ckpt_re", "torch_sac", "hidden", "hidden_re", "selective", "selective_re", "selective_qkv",
+            "auto", "auto_re")
 TARGETS = {4096: 1.00, 16384: 1.08, 65536: 1.15}  # selective tokens/s over ckpt
 MEMORY_SLACK_GB = 0.5  # selective peak allocated <= hidden's + this
 
 
+def _reentrant(variant: str) -> bool:
+    return variant.endswith("_re") or variant.startswith("sel_re:")
+
+
+def valid_variant(variant: str) -> bool:
+    return variant in VARIANTS or (variant.startswith(("sel:", "sel_re:")) and variant.partition(":")[2] != "")
+
+
 def enable(model, variant):
     """Turns `variant` on; returns what undoes it."""
-    if variant == "ckpt":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    reentrant = _reentrant(variant)
+    if variant in ("ckpt", "ckpt_re"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
         return model.gradient_checkpointing_disable
     if variant == "torch_sac":
         context_fn = functools.partial(create_selective_checkpoint_contexts, policies.attention_save)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False,
                                                                            "context_fn": context_fn})
         return model.gradient_checkpointing_disable
-    if variant == "hidden":
-        return torch_offload.apply(model, mode="hidden_states").remove
-    if variant == "selective":
-        return torch_offload.apply(model, "selective", policy="attention").remove
-    if variant == "selective_qkv":
-        return torch_offload.apply(model, "selective", policy="attention_qkv").remove
-    if variant == "auto":
-        return torch_offload.apply(model, "auto").remove
-    raise ValueError(f"bench_selective: unknown variant {variant!r}; expected one of {VARIANTS}")
+    if variant in ("hidden", "hidden_re"):
+        return torch_offload.apply(model, mode="hidden_states", use_reentrant=reentrant).remove
+    policy = {"selective": "attention", "selective_re": "attention", "selective_qkv": "attention_qkv"}.get(variant)
+    if variant.startswith(("sel:", "sel_re:")):
+        policy = variant.partition(":")[2]
+    if policy is not None:
+        return torch_offload.apply(model, "selective", policy=policy, use_reentrant=reentrant).remove
+    if variant in ("auto", "auto_re"):
+        return torch_offload.apply(model, "auto", use_reentrant=reentrant).remove
+    raise ValueError(f"bench_selective: unknown variant {variant!r}; expected one of {VARIANTS} or sel[_re]:POLICY")
 
 
 def noise_floor(model, args) -> dict:
@@ -83,7 +98,7 @@ def noise_floor(model, args) -> dict:
     error = lambda g: (g - reference).norm().item() / norm  # noqa: E731
     result = {"seq": args.noise_seq, "dtype": str(next(model.parameters()).dtype),
               "floor": max(error(grads("ckpt")), error(grads("none")))}
-    for variant in ("hidden", "selective", "selective_qkv"):
+    for variant in [v for v in args.variants.split(",") if v not in ("ckpt", "ckpt_re", "torch_sac", "auto", "auto_re")]:
         g = grads(variant)
         result[variant] = {"error": error(g), "bit_equal": bool(torch.equal(g, reference)),
                            "within_2x_floor": error(g) <= 2 * result["floor"] or bool(torch.equal(g, reference))}
@@ -124,24 +139,44 @@ def run_variant(model, variant, seq, args):
         release_memory(args.device)
 
 
+def summarize(result):
+    """One row per (variant, seq): the median over rounds of step time (--rounds interleaves the
+    variants, so that drift of the machine falls on all of them alike)."""
+    groups = {}
+    for r in result["runs"]:
+        if "error" not in r:
+            groups.setdefault((r["variant"], r["seq"]), []).append(r)
+    rows = []
+    for (variant, seq), runs in groups.items():
+        runs = sorted(runs, key=lambda r: r["step_s"])
+        row = dict(runs[len(runs) // 2])
+        row["rounds"] = len(runs)
+        row["step_s_rounds"] = [r["step_s"] for r in runs]
+        rows.append(row)
+    for r in result["runs"]:
+        if "error" in r and (r["variant"], r["seq"]) not in groups:
+            rows.append(r)
+    return rows
+
+
 def evaluate(result):
-    by = {(r["variant"], r["seq"]): r for r in result["runs"] if "error" not in r}
+    result["summary"] = summarize(result)
+    by = {(r["variant"], r["seq"]): r for r in result["summary"] if "error" not in r}
     result["checks"] = []
     for seq in sorted({r["seq"] for r in result["runs"]}):
         base = by.get(("ckpt", seq))
         if base is None:
             continue
         check = {"seq": seq}
-        for variant in VARIANTS[1:]:
-            row = by.get((variant, seq))
-            if row is None:
+        for (variant, s), row in by.items():
+            if s != seq or variant == "ckpt":
                 continue
-            row["speed_vs_ckpt"] = row["tokens_per_s"] / base["tokens_per_s"]
+            row["speed_vs_ckpt"] = base["step_s"] / row["step_s"]
             check[f"{variant}_speed_vs_ckpt"] = row["speed_vs_ckpt"]
             if "peak_allocated_GB" in row:
                 row["alloc_vs_ckpt_GB"] = row["peak_allocated_GB"] - base["peak_allocated_GB"]
         hidden = by.get(("hidden", seq))
-        for name in ("selective", "selective_qkv"):
+        for name in ("selective", "selective_qkv", "selective_re"):
             selective = by.get((name, seq))
             if selective is not None and seq in TARGETS:
                 check[f"{name}_speed_target_met"] = selective["speed_vs_ckpt"] >= TARGETS[seq]
@@ -154,10 +189,13 @@ def evaluate(result):
 def markdown(result):
     lines = [f"# Selective offload vs checkpointing on {result['gpu']}", "", f"command: `{result['command']}`", "",
              f"model: {result['config']}, torch {result['torch']}", ""]
-    lines += table(result["runs"], [
+    lines += table(result.get("summary", result["runs"]), [
         ("step s", "step_s", "{:.3f}"), ("tok/s", "tokens_per_s", "{:.0f}"), ("vs ckpt", "speed_vs_ckpt", "{:.3f}"),
         ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("alloc - ckpt GB", "alloc_vs_ckpt_GB", "{:+.2f}"),
         ("peak reserved GB", "peak_reserved_GB", "{:.2f}")])
+    if any(r.get("rounds", 1) > 1 for r in result.get("summary", [])):
+        lines += ["", "step s: the median of the rounds (each round runs every variant once, in the order given); "
+                  "per round in the JSON (step_s_rounds)"]
     for r in result["runs"]:
         if r.get("auto_plan"):
             budget = r.get("auto_budget_GB")
@@ -170,7 +208,7 @@ def markdown(result):
         lines += ["", f"Gradients at seq {n['seq']} ({n['dtype']}), relative L2 error against checkpointing: noise "
                   f"floor {n['floor']:.3e}; " + "; ".join(
                       f"{v} {n[v]['error']:.3e} (bit-equal {n[v]['bit_equal']}, within 2x floor {n[v]['within_2x_floor']})"
-                      for v in ("hidden", "selective", "selective_qkv"))]
+                      for v in n if v not in ("seq", "dtype", "floor"))]
     for c in result.get("checks", []):
         lines += ["", f"seq {c['seq']}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                                       for k, v in c.items() if k != "seq")]
@@ -180,7 +218,8 @@ def markdown(result):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, seqs="4096,16384,65536", steps=3)
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default="ckpt,torch_sac,hidden,selective,selective_qkv,auto")
+    p.add_argument("--rounds", type=int, default=1, help="run the variants this many times, interleaved")
     p.add_argument("--shape", default="reference", choices=("reference", "llama3_8b"))
     p.add_argument("--noise-seq", type=int, default=0,
                    help="first compare gradients at this length against the noise floor (0: skip)")
@@ -188,8 +227,8 @@ def main():
     args = finish_run_args(parsed, LLAMA3_8B if parsed.shape == "llama3_8b" else REFERENCE)
     variants = args.variants.split(",")
     for variant in variants:
-        if variant not in VARIANTS:
-            p.error(f"unknown variant {variant!r}; expected some of {','.join(VARIANTS)}")
+        if not valid_variant(variant):
+            p.error(f"unknown variant {variant!r}; expected some of {','.join(VARIANTS)} or sel[_re]:POLICY")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = short_gpu_name(args.device) + ("_llama3_8b" if args.shape == "llama3_8b" else "")
@@ -206,7 +245,7 @@ def main():
         log("noise", result["noise"])
         write()
     for seq in args.seq_list:
-        for variant in variants:
+        for variant in [v for _ in range(args.rounds) for v in variants]:
             row = run_variant(model, variant, seq, args)
             result["runs"].append(row)
             log({k: v for k, v in row.items() if k not in ("offload_stats", "times_s")}, f"{time.time() - t0:.0f}s")

@@ -1,0 +1,55 @@
+# Session 5 (2026-11-23): the device calls, in order. Each ran in the repository root on the device machine
+# with build/libtorch_offload.so (built on the development machine) and .gpu/ carried; $OUT is the device's output folder.
+
+# --- s5call1.sh (nvidia-h100-x1)
+# Session 5, call 1 (H100): host cost per offload op; the reentrant variant and projection groups
+# beside torch's two checkpoints at 4k (3 interleaved rounds), 16k, 64k and on the Llama-3-8B shape at 8k.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 60 python3 benchmarks/op_host_cost.py --json $OUT/op_host_cost_h100.json 2>&1 | tail -3
+timeout 150 python3 benchmarks/bench_selective.py --out /tmp/s4k --seqs 4096 --rounds 3 --steps 5 --warmup 1 --variants ckpt,ckpt_re,hidden,hidden_re,selective,selective_re,sel_re:attention+fc2 2>&1 | grep -E "^\| 4096|vs ckpt" | head -12
+cp /tmp/s4k/selective_h100.md $OUT/selective_4k_h100.md; cp /tmp/s4k/selective_h100.json $OUT/selective_4k_h100.json
+timeout 150 python3 benchmarks/bench_selective.py --out /tmp/s16k --seqs 16384 --steps 3 --warmup 1 --variants ckpt,ckpt_re,hidden,hidden_re,selective,selective_re,selective_qkv,sel:attention+out_proj,sel:attention+qkv+out_proj,sel_re:attention+fc2,sel_re:attention+out_proj+fc2,sel_re:attention+qkv+out_proj+fc2 2>&1 | grep -E "^\| 16384" | head -14
+cp /tmp/s16k/selective_h100.md $OUT/selective_16k_h100.md; cp /tmp/s16k/selective_h100.json $OUT/selective_16k_h100.json
+timeout 170 python3 benchmarks/bench_selective.py --out /tmp/s64k --seqs 65536 --steps 2 --warmup 1 --variants ckpt,selective,selective_re,sel:attention+qkv+out_proj,sel_re:attention+qkv+out_proj+fc2,sel:attention+qkv+out_proj+fc1 2>&1 | grep -E "^\| 65536" | head -8
+cp /tmp/s64k/selective_h100.md $OUT/selective_64k_h100.md; cp /tmp/s64k/selective_h100.json $OUT/selective_64k_h100.json
+
+# --- s5call2.sh (nvidia-h100-x1)
+# Session 5, call 2 (H100): ablations of hidden_states at 4k; Llama-3-8B shape at 8k; fc1 offload at 64k.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+timeout 150 python3 .gpu/ablate_hs4k.py 4096 ckpt,ckpt_re,hidden,hidden_re,hidden_no_prefetch,hidden_no_copy 2>&1 | tail -2 | tee $OUT/ablate_hs4k.log
+timeout 260 python3 benchmarks/bench_selective.py --out /tmp/s8b --shape llama3_8b --seqs 8192 --steps 3 --warmup 1 --variants ckpt,ckpt_re,hidden,selective,sel:attention+qkv+out_proj,selective_re,sel_re:attention+qkv+out_proj+fc2 2>&1 | grep -E "^\| 8192" | head -9
+cp /tmp/s8b/selective_h100_llama3_8b.md $OUT/; cp /tmp/s8b/selective_h100_llama3_8b.json $OUT/
+timeout 150 python3 benchmarks/bench_selective.py --out /tmp/s64 --seqs 65536 --steps 2 --warmup 1 --variants ckpt,sel:attention+qkv+out_proj+fc1 2>&1 | grep -E "^\| 65536" | head -4
+cp /tmp/s64/selective_h100.md $OUT/selective_64k_fc1_h100.md; cp /tmp/s64/selective_h100.json $OUT/selective_64k_fc1_h100.json
+
+# --- s5call3.sh (nvidia-h100-x1)
+# Session 5, call 3 (H100): after blocking-sync copy fences (no spinning waiter threads): 4k ablations,
+# 4k selective (5 interleaved rounds), modules at 4k/16k.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+timeout 150 python3 .gpu/ablate_hs4k.py 4096 ckpt,ckpt_re,hidden,hidden_re,hidden_no_copy 2>&1 | tail -2 | tee $OUT/ablate_hs4k_blocking_sync.log
+timeout 200 python3 benchmarks/bench_selective.py --out /tmp/s4k --seqs 4096 --rounds 5 --steps 5 --warmup 1 --variants ckpt,ckpt_re,hidden,hidden_re,selective,selective_re 2>&1 | grep -E "^\| 4096" | head -8
+cp /tmp/s4k/selective_h100.md $OUT/selective_4k_blocking_sync_h100.md; cp /tmp/s4k/selective_h100.json $OUT/selective_4k_blocking_sync_h100.json
+timeout 200 python3 benchmarks/bench_modules.py --out /tmp/mod --seqs 4096,16384 --steps 5 2>&1 | grep -E "^\| (4096|16384)" | head -8
+cp /tmp/mod/modules_h100.md $OUT/modules_blocking_sync_h100.md; cp /tmp/mod/modules_h100.json $OUT/modules_blocking_sync_h100.json
+
+# --- call 2b (nvidia-h100-x1): the ablation again after fixing the script (its first run in call 2 failed on a module name)
+timeout 200 python3 .gpu/ablate_hs4k.py 4096 ckpt,ckpt_re,hidden,hidden_re,hidden_no_prefetch,hidden_no_copy 2>&1 | tail -3 | tee $OUT/ablate_hs4k.log
+# (.gpu/ablate_hs4k.py is committed as benchmarks/results/ablate_hidden_states_4k.py)
+
+# --- s5call4.sh (nvidia-h100-x1)
+# Session 5, call 4 (H100): C++ tests with CUDA and every CUDA pytest case after the blocking-sync fences
+# and the reentrant variant; hidden_states at 16k/32k (no slowdown from sleeping waiters); auto and its
+# reentrant variant at 4k and 16k; the 4k ablation with the garbage collector frozen.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$PWD/build
+timeout 200 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest.log 2>&1; echo "gtest rc=$?"; tail -3 $OUT/gtest.log
+(cd python_tests && timeout 330 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda . 2>&1 | tail -12) > $OUT/pytest_cuda_all.log; tail -4 $OUT/pytest_cuda_all.log
+
+# --- s5call5.sh (nvidia-h100-x1)
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+timeout 200 python3 -m torch_offload.bench --modes checkpointing,hidden_states --seqs 16384,32768 --steps 4 --warmup 1 --json $OUT/bench_cli_h100_blocking_sync.json --no-progress 2>&1 | tail -6
+timeout 250 python3 benchmarks/bench_selective.py --out /tmp/sa --seqs 4096,16384 --steps 5 --warmup 1 --variants ckpt,ckpt_re,auto,auto_re 2>&1 | grep -E "^\| (4096|16384)|auto \(" | head -12
+cp /tmp/sa/selective_h100.md $OUT/selective_auto_reentrant_h100.md; cp /tmp/sa/selective_h100.json $OUT/selective_auto_reentrant_h100.json
+TORCH_OFFLOAD_GC_FREEZE=1 timeout 120 python3 .gpu/ablate_hs4k.py 4096 ckpt,ckpt_re,hidden,hidden_re 2>&1 | tail -2 | tee $OUT/ablate_hs4k_gc_frozen.log
+
