@@ -15,7 +15,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 import torch_offload
 
-MODES = ("hidden_states", "all", "sync", "modules")
+MODES = ("hidden_states", "hidden_states_reentrant", "all", "sync", "modules")
 ORDERS = ("before", "after")  # apply() before or after fully_shard
 CHUNKED_MODES = ("chunked_loss", "hidden_states+chunked_loss")
 
@@ -51,6 +51,8 @@ def apply_mode(model, mode):
         return torch_offload.apply(model, mode="hidden_states", chunked_loss=24)
     if mode == "hidden_states":
         return torch_offload.apply(model, mode=mode)
+    if mode == "hidden_states_reentrant":  # our reentrant checkpoint: FSDP2 unshards again in its recompute
+        return torch_offload.apply(model, mode="hidden_states", use_reentrant=True)
     if mode == "modules":
         return torch_offload.apply(model, mode=mode, targets=["*.self_attn", "*.mlp"], min_bytes=0)
     return torch_offload.apply(model, mode=mode, min_bytes=0)
