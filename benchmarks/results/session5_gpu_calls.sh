@@ -53,3 +53,12 @@ timeout 250 python3 benchmarks/bench_selective.py --out /tmp/sa --seqs 4096,1638
 cp /tmp/sa/selective_h100.md $OUT/selective_auto_reentrant_h100.md; cp /tmp/sa/selective_h100.json $OUT/selective_auto_reentrant_h100.json
 TORCH_OFFLOAD_GC_FREEZE=1 timeout 120 python3 .gpu/ablate_hs4k.py 4096 ckpt,ckpt_re,hidden,hidden_re 2>&1 | tail -2 | tee $OUT/ablate_hs4k_gc_frozen.log
 
+
+# --- s5call6.sh (nvidia-h100-x1)
+# Session 5, call 6 (H100): bf16 gradients of the new variants against the noise floor (4k); the 16k
+# selective policies in 3 interleaved rounds; mode="auto" on the Llama-3-8B shape at 8k with today's candidates.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+timeout 200 python3 benchmarks/bench_selective.py --out /tmp/n --seqs 16384 --rounds 3 --steps 3 --warmup 1 --noise-seq 4096 --variants ckpt,hidden,selective,sel:attention+qkv+out_proj,hidden_re,selective_re 2>&1 | grep -E "^\| 16384|^Gradients" | head -10
+cp /tmp/n/selective_h100.md $OUT/selective_16k_rounds_noise_h100.md; cp /tmp/n/selective_h100.json $OUT/selective_16k_rounds_noise_h100.json
+timeout 250 python3 benchmarks/bench_selective.py --out /tmp/a8 --shape llama3_8b --seqs 8192 --steps 3 --warmup 1 --variants ckpt,auto 2>&1 | grep -E "^\| 8192|auto \(" | head -5
+cp /tmp/a8/selective_h100_llama3_8b.md $OUT/selective_auto_h100_llama3_8b.md; cp /tmp/a8/selective_h100_llama3_8b.json $OUT/selective_auto_h100_llama3_8b.json
