@@ -18,11 +18,53 @@ class CudaFence final : public CopyFence {
  public:
   bool query() override { return event.query(); }
   void synchronize() override { event.synchronize(); }
-  // Timing disabled: the cheapest kind. Blocking sync: the threads that wait on copies (the
-  // releaser, the in-flight bound) sleep instead of spinning in the driver, which would slow the
-  // thread launching kernels where a step is bound by the host.
-  at::cuda::CUDAEvent event{cudaEventDisableTiming | cudaEventBlockingSync};
+  // Timing disabled: the cheapest kind. (Blocking-sync events, which let waiting threads sleep,
+  // made each save and restore slower on the H100 in an A/B of builds: fence_variants_ab.log.)
+  at::cuda::CUDAEvent event{cudaEventDisableTiming};
 };
+
+// Creating and destroying a CUDA event are driver calls, two per copy: copies take their fences
+// from a pool per device instead (events stay created and are recorded again; a stream wait takes
+// the state of the event at the time of the call, so a recorded event can be reused at once). A
+// fence goes back to the pool when its last holder drops it, on whatever thread.
+class FencePool : public std::enable_shared_from_this<FencePool> {
+ public:
+  std::shared_ptr<CudaFence> take() {
+    std::unique_ptr<CudaFence> fence;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        fence = std::move(free_.back());
+        free_.pop_back();
+      }
+    }
+    if (!fence) fence = std::make_unique<CudaFence>();
+    std::shared_ptr<FencePool> pool = shared_from_this();
+    return std::shared_ptr<CudaFence>(fence.release(),
+                                      [pool](CudaFence* done) { pool->give_back(done); });
+  }
+
+ private:
+  static constexpr size_t kMaxFree = 256;  // more than copies in flight plus live prefetches
+
+  void give_back(CudaFence* done) {
+    std::unique_ptr<CudaFence> owned(done);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.size() < kMaxFree) free_.push_back(std::move(owned));
+  }
+
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<CudaFence>> free_;
+};
+
+// Orders a side stream after the work queued so far on the compute stream: one event per thread
+// and device, recorded and waited on at once, so no other thread can record it in between.
+void side_stream_waits_for_compute(c10::DeviceIndex index, const c10::cuda::CUDAStream& side) {
+  thread_local std::unordered_map<c10::DeviceIndex, at::cuda::CUDAEvent> events;
+  at::cuda::CUDAEvent& event = events[index];
+  event.record(at::cuda::getCurrentCUDAStream(index));
+  event.block(side);
+}
 
 class PinnedAllocator final : public HostAllocator {
  public:
@@ -44,12 +86,10 @@ class CudaTransfer final : public DeviceTransfer {
     const c10::DeviceIndex index = src.device().index();
     c10::cuda::CUDAGuard guard(index);
     const Streams& streams = streams_for(index);
-    at::cuda::CUDAEvent produced;
-    produced.record(at::cuda::getCurrentCUDAStream(index));
-    produced.block(streams.to_host);
+    side_stream_waits_for_compute(index, streams.to_host);  // the work that produces src
     C10_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(),
                                    cudaMemcpyDeviceToHost, streams.to_host.stream()));
-    auto done = std::make_shared<CudaFence>();
+    std::shared_ptr<CudaFence> done = streams.fences->take();
     done->event.record(streams.to_host);
     return done;
   }
@@ -64,13 +104,11 @@ class CudaTransfer final : public DeviceTransfer {
     // pool, so freeing it later needs no record_stream.
     at::Tensor out = at::empty(
         host.sizes(), host.options().device(c10::Device(c10::kCUDA, index)).pinned_memory(false));
-    at::cuda::CUDAEvent allocated;
-    allocated.record(at::cuda::getCurrentCUDAStream(index));
-    allocated.block(streams.to_device);
+    side_stream_waits_for_compute(index, streams.to_device);  // the allocation of out
     if (ready) static_cast<CudaFence&>(*ready).event.block(streams.to_device);
     C10_CUDA_CHECK(cudaMemcpyAsync(out.data_ptr(), host.data_ptr(), host.nbytes(),
                                    cudaMemcpyHostToDevice, streams.to_device.stream()));
-    auto done = std::make_shared<CudaFence>();
+    std::shared_ptr<CudaFence> done = streams.fences->take();
     done->event.record(streams.to_device);
     return {out, done};
   }
@@ -118,6 +156,7 @@ class CudaTransfer final : public DeviceTransfer {
   struct Streams {
     c10::cuda::CUDAStream to_host;
     c10::cuda::CUDAStream to_device;
+    std::shared_ptr<FencePool> fences;  // events are tied to their device
   };
 
   const Streams& streams_for(c10::DeviceIndex index) {
@@ -127,7 +166,8 @@ class CudaTransfer final : public DeviceTransfer {
       // Two streams so that restores in backward never queue behind offloads still in flight.
       it = streams_
                .emplace(index, Streams{c10::cuda::getStreamFromPool(false, index),
-                                       c10::cuda::getStreamFromPool(false, index)})
+                                       c10::cuda::getStreamFromPool(false, index),
+                                       std::make_shared<FencePool>()})
                .first;
     }
     return it->second;
