@@ -169,6 +169,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         counters = self.counters
 
         def offload(t: torch.Tensor):
+            """Counts the save (saved_tensors too) and packs it."""
             if on_offload is not None:
                 on_offload(t)
             if SavedRegions.handles(t):
@@ -176,7 +177,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
             # Tensor subclasses and empty tensors: one copy per save.
             source, permutation, expanded_sizes = _compact(t.detach())
             nbytes = t.numel() * t.element_size()
-            counters.add(offloaded_saves=1, saved_bytes=nbytes, distinct_bytes_saved=nbytes)
+            counters.add(saved_tensors=1, offloaded_saves=1, saved_bytes=nbytes, distinct_bytes_saved=nbytes)
             return _Packed(offload_save(source, manager_id), t.device, permutation, expanded_sizes)
 
         def pack_local(t: torch.Tensor):
@@ -216,10 +217,9 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
             if token is not None:  # a frozen weight of an offloaded layer: fetched again in backward
                 return token
             packed = pack_local(t)
-            counters.add(saved_tensors=1)
-            if isinstance(packed, torch.Tensor):
+            if isinstance(packed, torch.Tensor):  # (offload() counted the others)
                 local = t.to_local() if _is_dtensor(t) else t
-                counters.add(kept_saves=1, kept_bytes=local.numel() * local.element_size())
+                counters.add(saved_tensors=1, kept_saves=1, kept_bytes=local.numel() * local.element_size())
             return packed
 
         def unpack(packed):

@@ -208,6 +208,9 @@ class SharedSave:
         if self.region.compact is not None:
             _, permutation, expanded_sizes = self.region.compact
             return rebuild_layout(restored, permutation, expanded_sizes)
+        if (self.offset == 0 and restored.dtype == self.dtype and restored.stride() == self.stride
+                and tuple(restored.shape) == self.size):
+            return restored  # the copy was made from this very layout (the usual case)
         view = torch.empty(0, dtype=self.dtype, device=restored.device)
         return view.set_(restored.untyped_storage(), self.offset, self.size, self.stride)
 
@@ -239,31 +242,44 @@ class SavedRegions:
         return type(t) is torch.Tensor and t.numel() > 0 and not (t.is_conj() or t.is_neg())
 
     def pack(self, t: torch.Tensor) -> SharedSave:
+        # On the host's hot path (every offloaded save): the common case, a dense tensor, takes
+        # no layout key, no element-run walk and no weak reference unless a copy is made.
         storage = t.untyped_storage()
-        storage_ref = StorageWeakRef(storage)
+        key = storage._cdata  # the StorageImpl's address, as StorageWeakRef.cdata
         root = t._base if t._base is not None else t
         version, es = t._version, t.element_size()
         lo = t.storage_offset() * es
-        hi = lo + (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * es
+        dense = t.is_contiguous()
+        if dense:
+            hi = lo + t.numel() * es
+            runs = [(lo, hi)]
+        else:
+            hi = lo + (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * es
+            runs = None
         layout_key = (t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
         with self._lock:
-            entry = self._storages.get(storage_ref.cdata)
+            entry = self._storages.get(key)
             live = [c for c in (ref() for ref in entry.copies) if c is not None] if entry else []
         region = next((c for c in live if c.serves(root, version, lo, hi, layout_key)), None)
         reused = region is not None
         if not reused:
             region = self._copy(t, storage.nbytes(), root, version, lo, hi, layout_key, live)
+        if runs is None:
+            runs = _element_runs(t)
         with self._lock:
-            entry = self._storages.get(storage_ref.cdata)
+            entry = self._storages.get(key)
             if entry is None:
-                entry = self._storages[storage_ref.cdata] = _StorageEntry(storage_ref, storage.nbytes())
+                entry = self._storages[key] = _StorageEntry(StorageWeakRef(storage), storage.nbytes())
             if not any(ref() is region for ref in entry.copies):
-                entry.copies.append(weakref.ref(region, self._evict_callback(storage_ref.cdata)))
+                entry.copies.append(weakref.ref(region, self._evict_callback(key)))
             region.saves += 1
-            before = _total(entry.covered)
-            entry.covered = _merged(entry.covered + _element_runs(t))
-            distinct = _total(entry.covered) - before
-        self._counters.add(offloaded_saves=1, shared_saves=int(reused),
+            if entry.covered:
+                before = _total(entry.covered)
+                entry.covered = _merged(entry.covered + runs)
+                distinct = _total(entry.covered) - before
+            else:
+                entry.covered, distinct = _merged(runs), _total(runs)
+        self._counters.add(saved_tensors=1, offloaded_saves=1, shared_saves=int(reused),
                            saved_bytes=t.numel() * es, distinct_bytes_saved=distinct)
         return SharedSave(region, t)
 
@@ -285,6 +301,9 @@ class SavedRegions:
             lo, hi = 0, storage_nbytes
         # Bytes through a 1-D view of t's family (same version counter, so the engine checks it),
         # in t's dtype: the range is clamped to what t's element size can address.
+        if lo == 0 and hi == storage_nbytes and t.is_contiguous():
+            # The whole storage, as t itself: the engine copies its bytes (the usual case).
+            return RegionCopy(offload_save(t.detach(), self._manager_id), t.device, lo, hi, version, root)
         addressable = storage_nbytes // es * es
         lo = lo // _ALIGN * _ALIGN
         hi = min(-(-hi // _ALIGN) * _ALIGN, addressable)
