@@ -62,3 +62,51 @@ timeout 200 python3 benchmarks/bench_selective.py --out /tmp/n --seqs 16384 --ro
 cp /tmp/n/selective_h100.md $OUT/selective_16k_rounds_noise_h100.md; cp /tmp/n/selective_h100.json $OUT/selective_16k_rounds_noise_h100.json
 timeout 250 python3 benchmarks/bench_selective.py --out /tmp/a8 --shape llama3_8b --seqs 8192 --steps 3 --warmup 1 --variants ckpt,auto 2>&1 | grep -E "^\| 8192|auto \(" | head -5
 cp /tmp/a8/selective_h100_llama3_8b.md $OUT/selective_auto_h100_llama3_8b.md; cp /tmp/a8/selective_h100_llama3_8b.json $OUT/selective_auto_h100_llama3_8b.json
+
+# --- s5call7.sh (nvidia-h100-x1)
+# Session 5, call 7 (H100): after pooled copy fences (cuda_transfer.cpp) and the leaner save path
+# (saved_regions.py): C++ tests with CUDA, CUDA pytest cases, host time per op, modules at 4k/16k,
+# `all` at 16k beside TRL.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$PWD/build
+timeout 200 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest.log 2>&1; echo "gtest rc=$?"; tail -2 $OUT/gtest.log
+(cd python_tests && timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_activations.py test_activations_dedup.py test_modules.py test_reentrant.py test_manager_lifetime.py test_selective.py 2>&1 | tail -4) > $OUT/pytest_cuda.log; tail -2 $OUT/pytest_cuda.log
+timeout 60 python3 benchmarks/op_host_cost.py --json $OUT/op_host_cost_pooled_fences_h100.json 2>&1 | tail -2
+timeout 150 python3 benchmarks/bench_modules.py --out /tmp/mod --seqs 4096,16384 --steps 5 2>&1 | grep -E "^\| (4096|16384)" | head -6
+cp /tmp/mod/modules_h100.md $OUT/modules_pooled_fences_h100.md; cp /tmp/mod/modules_h100.json $OUT/modules_pooled_fences_h100.json
+python3 -m pip install -q --no-deps --no-index .whl/trl-1.16.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -1
+timeout 150 python3 benchmarks/bench_activations.py --out /tmp/act --seqs 16384 --variants all,trl --no-noise --soak-steps 3 --warmup 1 --steps 3 2>&1 | grep -E "^\| 16384" | head -4
+cp /tmp/act/activations_h100.md $OUT/activations_pooled_fences_h100.md; cp /tmp/act/activations_h100.json $OUT/activations_pooled_fences_h100.json
+
+# --- s5call8.sh (nvidia-h100-x1)
+# Session 5, call 8 (H100): A/B of the copy-fence variants, each its own build of the library:
+# orig (73b40e3: spinning events created per copy), blocking (46b190d: blocking-sync events created per
+# copy), spinpool (pooled spinning events), current (pooled blocking-sync events).
+export PYTHONPATH=$PWD
+for v in orig blocking spinpool current; do
+  lib=build-$v/libtorch_offload.so; [ $v = current ] && lib=build/libtorch_offload.so
+  export TORCH_OFFLOAD_LIBRARY=$PWD/$lib
+  echo "=== $v"
+  timeout 60 python3 .gpu/event_cost.py 2>&1 | grep save
+  timeout 100 python3 benchmarks/bench_modules.py --out /tmp/mod_$v --seqs 4096 --steps 5 2>&1 | grep -E "^\| 4096" | head -3
+  timeout 100 python3 .gpu/ablate_hs4k.py 4096 ckpt_re,hidden_re,hidden 2>&1 | tail -2
+done
+
+# --- s5call9.sh (nvidia-h100-x1)
+# Session 5, call 9 (H100): the final engine (pooled spinning copy fences): C++ tests with CUDA, CUDA pytest
+# cases, host time per op, 4k ablation (5 rounds), modules 4k/16k, hidden_states 16k/32k.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$PWD/build
+timeout 200 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest.log 2>&1; echo "gtest rc=$?"; tail -2 $OUT/gtest.log
+(cd python_tests && timeout 330 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda . 2>&1 | tail -4) > $OUT/pytest_cuda_all.log; tail -2 $OUT/pytest_cuda_all.log
+timeout 60 python3 benchmarks/op_host_cost.py --json $OUT/op_host_cost_final_h100.json 2>&1 | tail -2
+timeout 120 python3 .gpu/ablate_hs4k.py 4096 ckpt,ckpt_re,hidden,hidden_re 2>&1 | tail -2 | tee $OUT/ablate_hs4k_final.log
+timeout 120 python3 benchmarks/bench_modules.py --out /tmp/mod --seqs 4096,16384 --steps 5 2>&1 | grep -E "^\| (4096|16384)" | head -6
+cp /tmp/mod/modules_h100.md $OUT/modules_final_h100.md; cp /tmp/mod/modules_h100.json $OUT/modules_final_h100.json
+timeout 200 python3 -m torch_offload.bench --modes checkpointing,hidden_states --seqs 16384,32768 --steps 4 --warmup 1 --json $OUT/bench_cli_h100_final.json --no-progress 2>&1 | grep -E "^\| (16384|32768)"
+
+# --- call 8b (nvidia-h100-x1): event and save costs per build (.gpu/event_cost.py, committed as benchmarks/results/event_cost.py) ran inside call 8's loop.
+# --- call 10 (nvidia-h100-x1): op_host_cost of the original and the final build, alternating
+for v in orig current orig current; do lib=build-$v/libtorch_offload.so; [ $v = current ] && lib=build/libtorch_offload.so; TORCH_OFFLOAD_LIBRARY=$PWD/$lib python3 benchmarks/op_host_cost.py --sizes-mb 1; done
+# Builds: build-orig = csrc/cuda_transfer.cpp of 73b40e3, build-spinpool = the final code; each built with
+# cmake --build build --target torch_offload and copied.
