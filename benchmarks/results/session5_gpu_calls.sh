@@ -110,3 +110,10 @@ timeout 200 python3 -m torch_offload.bench --modes checkpointing,hidden_states -
 for v in orig current orig current; do lib=build-$v/libtorch_offload.so; [ $v = current ] && lib=build/libtorch_offload.so; TORCH_OFFLOAD_LIBRARY=$PWD/$lib python3 benchmarks/op_host_cost.py --sizes-mb 1; done
 # Builds: build-orig = csrc/cuda_transfer.cpp of 73b40e3, build-spinpool = the final code; each built with
 # cmake --build build --target torch_offload and copied.
+
+# --- s5call11.sh (nvidia-h100-x1)
+# Session 5, call 11 (H100): the final engine at 4k, 7 interleaved rounds: torch's two checkpoints, hidden_states
+# and selective "attention" in both variants, auto in both variants.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+timeout 400 python3 benchmarks/bench_selective.py --out /tmp/s4k --seqs 4096 --rounds 7 --steps 5 --warmup 1 --variants ckpt,ckpt_re,hidden,hidden_re,selective,selective_re 2>&1 | grep -E "^\| 4096" | head -8
+cp /tmp/s4k/selective_h100.md $OUT/selective_4k_final_h100.md; cp /tmp/s4k/selective_h100.json $OUT/selective_4k_final_h100.json
