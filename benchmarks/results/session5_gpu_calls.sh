@@ -117,3 +117,6 @@ for v in orig current orig current; do lib=build-$v/libtorch_offload.so; [ $v = 
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
 timeout 400 python3 benchmarks/bench_selective.py --out /tmp/s4k --seqs 4096 --rounds 7 --steps 5 --warmup 1 --variants ckpt,ckpt_re,hidden,hidden_re,selective,selective_re 2>&1 | grep -E "^\| 4096" | head -8
 cp /tmp/s4k/selective_h100.md $OUT/selective_4k_final_h100.md; cp /tmp/s4k/selective_h100.json $OUT/selective_4k_final_h100.json
+
+# --- call 12 (nvidia-h100-x1): the manager's prefetch depth and in-flight bound for selective at 16k (.gpu/tune16k.py, committed as benchmarks/results/tune_selective_16k.py)
+timeout 300 python3 .gpu/tune16k.py 2>&1 | tail -3 | tee $OUT/tune_selective_16k.log
