@@ -66,9 +66,10 @@ def apply(
     `disk_dir` (default: a torch_offload directory under the system's temp dir).
 
     mode="selective": like "hidden_states", and inside each block the op outputs a policy names
-    (policy="attention": the fused attention outputs and logsumexp; or torch_offload.policies /
-    a torch policy function) are offloaded too and not recomputed in backward; outputs under
-    min_bytes (default 64 KiB) stay on the device.
+    (policy="attention": the fused attention outputs and logsumexp; "attention+qkv+out_proj" and
+    other projection groups: also those Linear products; or torch_offload.policies / a torch
+    policy function) are offloaded too and not recomputed in backward; outputs under min_bytes
+    (default 64 KiB) stay on the device.
 
     mode="modules": only the activations saved inside the submodules `targets` (name patterns
     such as "*.self_attn" or module classes) and `presets` (named module groups such as "qkv",
@@ -76,7 +77,7 @@ def apply(
     bytes expected and freed (see offload_modules). Takes min_bytes like "all".
 
     mode="auto": the first training steps try hidden_states, the selective policies "attention" and
-    "attention_qkv", and torch's checkpointing (trial_steps=2 each) and keep the fastest whose peak
+    "attention+qkv+out_proj", and torch's checkpointing (trial_steps=2 each) and keep the fastest whose peak
     allocated memory fits memory_budget_gb (default: checkpointing's measured peak);
     handle.plan / handle.explain().
 
@@ -93,11 +94,14 @@ def apply(
     similar, PEFT-wrapped too); pass any list of modules for other models. `manager` defaults to
     a new OffloadManager built from the options max_in_flight, prefetch_depth, host_budget_bytes
     (and disk_dir). Options by mode:
-      hidden_states:          max_in_flight, prefetch_depth, host_budget_bytes, disk_dir
+      hidden_states:          max_in_flight, prefetch_depth, host_budget_bytes, disk_dir, use_reentrant
       selective:              policy, min_bytes, and the options of "hidden_states"
       all / sync / disk:      min_bytes, max_in_flight, prefetch_depth, host_budget_bytes, disk_dir
       modules:                targets, presets, and the options of "all"
-      auto:                   memory_budget_gb, trial_steps, candidates, max_in_flight, host_budget_bytes
+      auto:                   memory_budget_gb, trial_steps, candidates, max_in_flight, host_budget_bytes,
+                              use_reentrant
+    use_reentrant=True: our reentrant checkpoint (reentrant.py: cheaper on the host; gradients
+    through .backward() only).
     An option the mode does not take raises TypeError naming it.
 
     On a Hugging Face model apply() turns the model's own gradient checkpointing off and, in
