@@ -15,6 +15,10 @@ whose outputs need no gradient is not recomputed. Unlike torch's, keyword argume
 block whose tensor inputs all have requires_grad=False (frozen embeddings, as in LoRA training) still
 gets its parameters' gradients (torch's reentrant checkpoint silently gives none).
 
+Tested: fp32 gradients bit-equal to torch's checkpoints (python_tests/test_reentrant.py) and under
+FSDP2 (python_tests/fsdp2_cases.py). A DTensor block input (sequence parallel) takes the same
+local-shard path as checkpoint() but has no test of its own with this variant.
+
 `scopes` (optional): a function returning the forward and the recompute context of one block, like
 a context_fn; the selective "attention" policies pass theirs (attention_offload.py) so that the
 block's attention outputs are offloaded in forward and restored instead of recomputed.
