@@ -119,18 +119,18 @@ def hidden_states(mesh, steps=2):
     assert stats["bytes_to_device"] == stats["bytes_to_host"]
 
 
-def checkpoint_direct(mesh):
+def checkpoint_direct(mesh, use_reentrant=False):
     """torch_offload.checkpoint on a DTensor input, without apply()."""
     ours, reference = Stack(mesh), Stack(mesh, checkpointed=True)
     manager = torch_offload.OffloadManager()
-    ours.forward = lambda x: _chain(ours, x, manager)
+    ours.forward = lambda x: _chain(ours, x, manager, use_reentrant)
     _compare(_step(ours, mesh), _step(reference, mesh))
     assert torch_offload.stats(manager)["bytes_to_host"] == BLOCKS * BATCH * (SEQ // 2) * DIM * 4
 
 
-def _chain(model, x, manager):
+def _chain(model, x, manager, use_reentrant):
     for layer in model.layers:
-        x = torch_offload.checkpoint(layer, x, manager=manager)
+        x = torch_offload.checkpoint(layer, x, manager=manager, use_reentrant=use_reentrant)
     return x
 
 
@@ -145,7 +145,8 @@ def all_mode(mesh, steps=2):
     assert stats["bytes_to_host"] > 0 and stats["bytes_to_device"] == stats["bytes_to_host"], stats
 
 
-CASES = {"hidden_states": hidden_states, "checkpoint": checkpoint_direct, "all": all_mode}
+CASES = {"hidden_states": hidden_states, "checkpoint": checkpoint_direct,
+         "checkpoint_reentrant": lambda mesh: checkpoint_direct(mesh, use_reentrant=True), "all": all_mode}
 
 
 def run_all(rank, world_size):
