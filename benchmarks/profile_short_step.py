@@ -35,6 +35,8 @@ def enable(v):
         return torch_offload.apply(model, "selective", policy=torch_offload.policies.attention).remove
     if v == "modules":
         return torch_offload.apply(model, "modules", targets=["*.self_attn"]).remove
+    if v.endswith("_re"):  # the reentrant variant of a mode (hidden_states_re, selective_re)
+        return torch_offload.apply(model, v[:-3], use_reentrant=True).remove
     return torch_offload.apply(model, v).remove
 
 def step():

@@ -120,3 +120,25 @@ cp /tmp/s4k/selective_h100.md $OUT/selective_4k_final_h100.md; cp /tmp/s4k/selec
 
 # --- call 12 (nvidia-h100-x1): the manager's prefetch depth and in-flight bound for selective at 16k (.gpu/tune16k.py, committed as benchmarks/results/tune_selective_16k.py)
 timeout 300 python3 .gpu/tune16k.py 2>&1 | tail -3 | tee $OUT/tune_selective_16k.log
+
+# --- s5call13.sh (nvidia-h100-x1)
+# Session 5, call 13 (H100): one profiled 4k step of torch's checkpoint, hidden_states and its reentrant
+# variant (final build); per-thread host time from the Chrome traces.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+timeout 200 python3 benchmarks/profile_short_step.py --out /tmp/prof --seq 4096 --variants ckpt,hidden_states,hidden_states_re > $OUT/profile_4k_final.log 2>&1; grep "===\|runtime top" $OUT/profile_4k_final.log
+python3 .gpu/trace_threads.py /tmp/prof/trace_ckpt.json /tmp/prof/trace_hidden_states.json /tmp/prof/trace_hidden_states_re.json 2>&1 | tee $OUT/profile_4k_threads.log
+
+# --- s5call14.sh (nvidia-h100-x1); build-spinpool = the committed engine, build = the same with CudaFence::synchronize polling (query + 20 us sleeps), not kept
+# Session 5, call 14 (H100): copy fences that poll (query + 20 us sleeps) instead of cudaEventSynchronize,
+# against the pooled spinning build: C++ tests, per-thread host time of a profiled 4k step, 4k rounds.
+export PYTHONPATH=$PWD
+export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$PWD/build
+timeout 100 build/tests/torch_offload_tests --gtest_brief=1 2>&1 | tail -2
+for v in spinpool poll; do
+  lib=build-$v/libtorch_offload.so; [ $v = poll ] && lib=build/libtorch_offload.so
+  export TORCH_OFFLOAD_LIBRARY=$PWD/$lib
+  echo "=== $v"
+  timeout 100 python3 benchmarks/profile_short_step.py --out /tmp/prof_$v --seq 4096 --variants ckpt,hidden_states,hidden_states_re 2>&1 | grep "==="
+  python3 .gpu/trace_threads.py /tmp/prof_$v/trace_ckpt.json /tmp/prof_$v/trace_hidden_states.json /tmp/prof_$v/trace_hidden_states_re.json 2>&1 | grep -E "==|tid" | cut -c1-110
+  timeout 150 python3 benchmarks/bench_selective.py --out /tmp/s_$v --seqs 4096 --rounds 5 --steps 5 --warmup 1 --variants ckpt,ckpt_re,hidden,hidden_re 2>&1 | grep -E "^\| 4096"
+done
