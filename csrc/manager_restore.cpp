@@ -152,8 +152,11 @@ void Manager::start_prefetch_locked(Entry& entry, const void* bytes, c10::Device
 void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
                                      DeviceTransfer* transfer) {
   // Backward restores in reverse save order: the entries saved just before this one come next.
+  if (transfer == nullptr && !disk_) return;  // nothing to copy ahead, nothing to read ahead
   int64_t copies = config_.prefetch_depth;
-  int64_t reads = copies > 0 ? std::max(copies, config_.disk_read_ahead) : 0;
+  // Only disk-tier entries are read ahead; without a disk tier the walk ends with the copies (it
+  // would otherwise pass every earlier entry on each restore).
+  int64_t reads = copies > 0 && disk_ ? std::max(copies, config_.disk_read_ahead) : 0;
   for (auto pos = restored.order_pos; (copies > 0 || reads > 0) && pos != save_order_.begin();) {
     --pos;
     Entry& candidate = entries_.at(*pos);
