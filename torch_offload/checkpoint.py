@@ -13,18 +13,13 @@ hidden states, sharded on the sequence dim) is offloaded as its local shard and 
 DTensor in the recompute (dtensors.py).
 """
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from torch.utils.checkpoint import noop_context_fn
 
-from ._ops import offload_restore, offload_save
-from . import node_budget
-from .dtensors import join_local, split_local
-from .flat_args import flatten, unflatten
+from .block_input import OffloadedInput
+from .flat_args import split_tensors, with_tensors
 from .manager import default_manager
 from .reentrant import reentrant_checkpoint
-
-_TENSOR = object()  # marks where a tensor stood among flattened leaves
 
 
 def checkpoint(function, *args, use_reentrant=None, context_fn=noop_context_fn, determinism_check="default",
@@ -47,46 +42,32 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=noop_context_fn, 
     if use_reentrant and (context_fn is not noop_context_fn or debug is not False):
         raise ValueError("torch_offload.checkpoint: context_fn= and debug= are only taken with "
                          "use_reentrant=False (as in torch.utils.checkpoint.checkpoint)")
+    if use_reentrant:
+        return reentrant_checkpoint(function, args, kwargs, manager, preserve_rng_state)
     options = dict(use_reentrant=False, context_fn=context_fn, determinism_check=determinism_check,
                    debug=debug, early_stop=early_stop, preserve_rng_state=preserve_rng_state)
-    leaves, spec = flatten((args, kwargs))
-    tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+    tensors, template = split_tensors((args, kwargs))
     if not torch.is_grad_enabled() or not tensors:  # nothing to offload: torch's own behaviour
         return torch_checkpoint(function, *args, **options, **kwargs)
     manager = manager if manager is not None else default_manager()
-    if use_reentrant:
-        return reentrant_checkpoint(function, args, kwargs, manager, preserve_rng_state)
-    manager_id = manager.id()
     first = tensors[0]
-    local, dtensor_spec = split_local(first.detach())
-    try:
-        handle = offload_save(local, manager_id)
-    except RuntimeError as error:
-        node_budget.name_in_error(error, manager_id)
-        raise
-    template = [_TENSOR if isinstance(v, torch.Tensor) else v for v in leaves]
+    saved = OffloadedInput(first, manager.id())
     pending = {"input": first}  # the real input, for the forward run only
 
-    def run(handle, _device_anchor, *other_tensors):
+    def run(_handle, _device_anchor, *other_tensors):
         x = pending.pop("input", None)
         if x is None:  # recompute in backward: the input comes back from host memory
-            # Outside the recompute's dispatch modes (context_fn's, e.g. a selective checkpointing
-            # policy): the restore is ours, not an op of the user's function.
-            with _disable_current_modes():
-                restored = offload_restore(handle, first_device, manager_id)
-                x = join_local(restored, dtensor_spec).requires_grad_(first_requires_grad)
-        it = iter((x, *other_tensors))
-        call_args, call_kwargs = unflatten([next(it) if v is _TENSOR else v for v in template], spec)
+            x = saved.restore()
+        call_args, call_kwargs = with_tensors(template, (x, *other_tensors))
         return function(*call_args, **call_kwargs)
 
-    first_device, first_requires_grad = local.device, first.requires_grad
     # torch's checkpoint stashes the RNG state of the devices its tensor arguments live on; the
     # handle is on the host, so a zero-size tensor on the input's device stands in for it.
-    device_anchor = torch.empty(0, device=first_device)
-    del first, local  # from here on only `pending` (until the forward run) and the handle refer to it
-    output = torch_checkpoint(run, handle, device_anchor, *tensors[1:], **options)
+    device_anchor = torch.empty(0, device=saved.device)
+    del first  # from here on only `pending` (until the forward run) and the handle refer to it
+    output = torch_checkpoint(run, saved.handle, device_anchor, *tensors[1:], **options)
     pending.clear()
     # Release the device copy of the input in stream order now rather than when the background
     # releaser observes the copy's event: the copy finished while the block ran.
-    manager.finish_save(handle)
+    manager.finish_save(saved.handle)
     return output

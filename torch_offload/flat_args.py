@@ -8,7 +8,10 @@ position_embeddings=(cos, sin)): those are walked here directly. A structure hol
 container that pytree knows (OrderedDict, a registered dataclass, ...) goes through pytree, so that
 no tensor inside one is missed.
 """
+import torch
 from torch.utils import _pytree as pytree
+
+_TENSOR = object()  # marks where a tensor stood among a template's leaves
 
 class _NotPlain(Exception):
     """A container pytree knows and _walk does not."""
@@ -54,3 +57,18 @@ def unflatten(leaves, spec):
     if how == "plain":
         return _build(inner, iter(leaves))
     return pytree.tree_unflatten(leaves, inner)
+
+
+def split_tensors(value):
+    """(tensors, template): the tensors among `value`'s leaves, in order, and what with_tensors()
+    rebuilds `value` from, around other tensors in their places."""
+    leaves, spec = flatten(value)
+    tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+    return tensors, ([_TENSOR if isinstance(v, torch.Tensor) else v for v in leaves], spec)
+
+
+def with_tensors(template, tensors):
+    """The value split_tensors() split into `template`, with `tensors` in its tensors' places."""
+    leaves, spec = template
+    it = iter(tensors)
+    return unflatten([next(it) if v is _TENSOR else v for v in leaves], spec)

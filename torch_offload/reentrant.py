@@ -27,15 +27,12 @@ import contextlib
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-from ._ops import offload_restore, offload_save
-from . import node_budget
-from .dtensors import join_local, split_local
-from .flat_args import flatten, unflatten
-
-_TENSOR = object()  # marks where a tensor stood among flattened leaves
+from .block_input import OffloadedInput
+from .flat_args import split_tensors, with_tensors
+from .manager import default_manager
 
 
 def _no_scopes():
@@ -45,9 +42,8 @@ def _no_scopes():
 class _Block:
     """What the backward of one block needs besides its saved tensors."""
 
-    __slots__ = ("function", "template", "spec", "handle", "handle_device", "manager_id", "dtensor_spec",
-                 "first_requires_grad", "device_type", "autocast", "rng", "recompute_scope", "out_template",
-                 "out_spec")
+    __slots__ = ("function", "template", "input", "device_type", "autocast", "rng", "recompute_scope",
+                 "out_template")
 
 
 def _autocast_state(device_type: str):
@@ -64,13 +60,11 @@ class _OffloadedRecompute(torch.autograd.Function):
         ctx.block = block
         ctx.set_materialize_grads(False)  # outputs without a gradient are left out of backward
         ctx.save_for_backward(*others)
-        it = iter((first, *others))
-        args, kwargs = unflatten([next(it) if v is _TENSOR else v for v in block.template], block.spec)
+        args, kwargs = with_tensors(block.template, (first, *others))
         with forward_scope:
             outputs = block.function(*args, **kwargs)
-        leaves, block.out_spec = flatten(outputs)
-        block.out_template = [_TENSOR if isinstance(v, torch.Tensor) else v for v in leaves]
-        return tuple(v for v in leaves if isinstance(v, torch.Tensor))
+        tensors, block.out_template = split_tensors(outputs)
+        return tuple(tensors)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -81,13 +75,11 @@ class _OffloadedRecompute(torch.autograd.Function):
                 "Use use_reentrant=False (the default), or call .backward() without inputs=")
         block = ctx.block
         saved = ctx.saved_tensors
-        with _disable_current_modes():
-            restored = offload_restore(block.handle, block.handle_device, block.manager_id)
-        first = join_local(restored, block.dtensor_spec).requires_grad_(block.first_requires_grad)
-        others = [t.detach().requires_grad_(t.requires_grad) if t is not None else None for t in saved]
-        it = iter((first, *others))
-        args, kwargs = unflatten([next(it) if v is _TENSOR else v for v in block.template], block.spec)
+        first = block.input.restore()
+        others = [t.detach().requires_grad_(t.requires_grad) for t in saved]
+        args, kwargs = with_tensors(block.template, (first, *others))
         device_autocast, cpu_autocast = block.autocast
+        device_autocast_now, cpu_autocast_now = _autocast_state(block.device_type)
         with contextlib.ExitStack() as stack:
             if block.rng is not None:
                 cpu_state, devices, device_states = block.rng
@@ -98,18 +90,18 @@ class _OffloadedRecompute(torch.autograd.Function):
             stack.enter_context(torch.enable_grad())
             # Autocast as in forward (entered only where it differs from now: the usual case, no
             # autocast, costs nothing).
-            if device_autocast is not None and device_autocast != _autocast_state(block.device_type)[0]:
+            if device_autocast is not None and device_autocast != device_autocast_now:
                 stack.enter_context(torch.amp.autocast(block.device_type, **device_autocast))
-            if cpu_autocast != _autocast_state("cpu")[1]:
+            if cpu_autocast != cpu_autocast_now:
                 stack.enter_context(torch.amp.autocast("cpu", **cpu_autocast))
             stack.enter_context(block.recompute_scope)
             outputs = block.function(*args, **kwargs)
-        tensors = [v for v in flatten(outputs)[0] if isinstance(v, torch.Tensor)]
+        tensors = split_tensors(outputs)[0]
         pairs = [(t, g) for t, g in zip(tensors, grads) if g is not None and t.requires_grad]
         if pairs:
             torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
-        input_grads = [first.grad if block.first_requires_grad else None]
-        input_grads += [t.grad if t is not None and t.requires_grad else None for t in others]
+        input_grads = [first.grad if block.input.requires_grad else None]
+        input_grads += [t.grad if t.requires_grad else None for t in others]
         return (None, None, *input_grads)
 
 
@@ -131,24 +123,20 @@ def _trains_parameters(function) -> bool:
     return module is None or any(p.requires_grad for p in module.parameters())
 
 
-def reentrant_checkpoint(function, args, kwargs, manager, preserve_rng_state=True, scopes=None):
+def reentrant_checkpoint(function, args, kwargs, manager=None, preserve_rng_state=True, scopes=None):
     """Runs function(*args, **kwargs) as one autograd node, offloading its first tensor input through
-    `manager` and recomputing it in backward. Called with grad enabled and at least one tensor."""
-    leaves, spec = flatten((args, kwargs))
-    tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+    `manager` (default: default_manager()) and recomputing it in backward. With grad disabled, or
+    without any tensor argument, torch's checkpoint runs unchanged (as in checkpoint())."""
+    tensors, template = split_tensors((args, kwargs))
+    if not torch.is_grad_enabled() or not tensors:
+        return torch_checkpoint(function, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state,
+                                **kwargs)
+    manager = manager if manager is not None else default_manager()
     first = tensors[0]
-    local, dtensor_spec = split_local(first.detach())
-    manager_id = manager.id()
-    try:
-        handle = offload_save(local, manager_id)
-    except RuntimeError as error:
-        node_budget.name_in_error(error, manager_id)
-        raise
     block = _Block()
-    block.function, block.spec, block.handle, block.manager_id = function, spec, handle, manager_id
-    block.template = [_TENSOR if isinstance(v, torch.Tensor) else v for v in leaves]
-    block.dtensor_spec, block.first_requires_grad, block.handle_device = dtensor_spec, first.requires_grad, local.device
-    block.device_type = local.device.type
+    block.function, block.template = function, template
+    block.input = OffloadedInput(first, manager.id())
+    block.device_type = block.input.device.type
     block.autocast = _autocast_state(block.device_type)
     block.rng = None
     if preserve_rng_state:
@@ -159,10 +147,8 @@ def reentrant_checkpoint(function, args, kwargs, manager, preserve_rng_state=Tru
     if not any(t.requires_grad for t in tensors) and _trains_parameters(function):
         # Without an input that requires grad the node would not be in the graph at all, and the
         # block's parameters would get no gradient: a zero-size stand-in puts it there.
-        others.append(torch.empty(0, device=local.device, requires_grad=True))
-    del local
+        others.append(torch.empty(0, device=block.input.device, requires_grad=True))
     outputs = _OffloadedRecompute.apply(block, forward_scope, first, *others)
     # The copy of the input finished while the block ran: release its device memory in stream order.
-    manager.finish_save(handle)
-    it = iter(outputs)
-    return unflatten([next(it) if v is _TENSOR else v for v in block.out_template], block.out_spec)
+    manager.finish_save(block.input.handle)
+    return with_tensors(block.out_template, outputs)

@@ -17,7 +17,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, SelectiveCheckpointContext,
                                     create_selective_checkpoint_contexts)
 
@@ -194,7 +194,7 @@ def checkpoint(function, *args, policy="attention", manager=None, min_bytes=DEFA
         context_fn = functools.partial(attention_offload_contexts, _Offloaded(manager, min_bytes), weights)
     else:
         context_fn = functools.partial(selective_offload_contexts, policy, manager, min_bytes)
-    if use_reentrant and torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) for v in tree_leaves((args, kwargs))):
+    if use_reentrant:
         # torch's keywords, as torch's reentrant checkpoint takes them (debug is refused, the rest ignored).
         options = {name: kwargs.pop(name) for name in ("preserve_rng_state", "determinism_check", "debug", "early_stop")
                    if name in kwargs}

@@ -29,10 +29,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from ..attention_offload import is_fast_policy, projection_groups, projection_weights, saves_per_block
+from ..attention_offload import is_fast_policy, projection_groups, projection_weights
 from ..blocks import BlockForward
 from ..handle import OffloadHandle, blocks_to_wrap
-from ..manager import OffloadManager
 from .hidden_states import apply_hidden_states
 from .options import check_options, check_use_reentrant
 from .selective import apply_selective
@@ -79,13 +78,14 @@ def _default_candidates(model, blocks, use_reentrant: bool) -> List[str]:
     """CANDIDATES without the selective policies whose projections a block lacks. The reentrant
     variant reruns the whole block, its MLP's down projection included (torch's non-reentrant
     checkpoint stops before it): there a policy with projection groups offloads "fc2" too."""
+    blocks = blocks_to_wrap(model, blocks)
     kept = []
     for candidate in CANDIDATES:
         groups = projection_groups(candidate.partition(":")[2]) if candidate.startswith("selective:") else ()
         if groups and use_reentrant:
             candidate, groups = candidate + "+fc2", groups + ("fc2",)
         try:
-            for block in blocks_to_wrap(model, blocks) if groups else ():
+            for block in blocks if groups else ():
                 projection_weights(block, groups)
         except ValueError:
             continue
@@ -118,10 +118,8 @@ def _install(model, blocks, candidate: str, manager_options: dict, use_reentrant
         return handle
     if candidate == "hidden_states":
         return apply_hidden_states(model, blocks, None, dict(manager_options, use_reentrant=use_reentrant))
-    policy = candidate.partition(":")[2]
-    saves = max(saves_per_block(policy, block) for block in blocks)
-    manager = OffloadManager(prefetch_depth=saves, **manager_options)
-    return apply_selective(model, blocks, manager, {"policy": policy, "use_reentrant": use_reentrant})
+    policy = candidate.partition(":")[2]  # apply_selective sets the prefetch depth for the policy
+    return apply_selective(model, blocks, None, dict(manager_options, policy=policy, use_reentrant=use_reentrant))
 
 
 class AutoHandle(OffloadHandle):
