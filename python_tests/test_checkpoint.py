@@ -76,24 +76,29 @@ def test_matches_plain_training_without_dropout(device):
     assert_same_grads(a, b)
 
 
+# Both variants of ours (use_reentrant=True: reentrant.py) against torch's non-reentrant checkpoint.
+@pytest.mark.parametrize("use_reentrant", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_kwargs_nested_and_non_tensor_args(device):
+def test_kwargs_nested_and_non_tensor_args(device, use_reentrant):
     a, b, x = _pair(device, n=2)
     bias = torch.randn(32, device=device, requires_grad=True)
     gate = torch.rand(32, device=device, requires_grad=True)
     bias_b, gate_b = bias.detach().clone().requires_grad_(), gate.detach().clone().requires_grad_()
-    _run(a, x, _ours, scale=0.5, bias=bias, extra={"gate": gate})
+    ours = functools.partial(_ours, use_reentrant=use_reentrant)
+    _run(a, x, ours, scale=0.5, bias=bias, extra={"gate": gate})
     _run(b, x, _torchs, scale=0.5, bias=bias_b, extra={"gate": gate_b})
     assert_same_grads(a, b)
     assert torch.equal(bias.grad, bias_b.grad) and torch.equal(gate.grad, gate_b.grad)
 
 
+@pytest.mark.parametrize("use_reentrant", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_inputs_without_grad_still_train_parameters(device):
-    # Frozen embeddings (LoRA) give a first layer input that does not require grad.
+def test_inputs_without_grad_still_train_parameters(device, use_reentrant):
+    # Frozen embeddings (LoRA) give a first layer input that does not require grad (torch's own
+    # reentrant checkpoint would give the parameters no gradient here).
     a, b, x = _pair(device, n=2)
     assert not x.requires_grad
-    _run(a, x, _ours)
+    _run(a, x, functools.partial(_ours, use_reentrant=use_reentrant))
     _run(b, x, _torchs)
     assert all(p.grad is not None for p in a.parameters())
     assert_same_grads(a, b)

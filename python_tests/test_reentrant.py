@@ -4,7 +4,8 @@ not kept on the device; torch's reentrant limits as clear errors, not wrong grad
 
 Cases brought over from torch's reentrant checkpoint tests (test/test_utils.py TestCheckpoint:
 RNG replay, non-tensor inputs and outputs, inputs without grad, the .grad() error; read, not copied)
-plus what our variant adds (keyword arguments, frozen inputs that still train parameters).
+plus what our variant adds (keyword arguments and frozen inputs that still train parameters are
+tested with both variants in test_checkpoint.py).
 """
 import copy
 import functools
@@ -39,29 +40,6 @@ def test_matches_torchs_checkpoints_with_dropout(device, reference):
     assert torch.equal(_run(a, xa, ours), _run(b, xb, reference))
     assert_same_grads(a, b)
     assert torch.equal(xa.grad, xb.grad)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_keyword_arguments_and_their_gradients(device):
-    a, b, x = _pair(device, n=2)
-    bias = torch.randn(32, device=device, requires_grad=True)
-    gate = torch.rand(32, device=device, requires_grad=True)
-    bias_b, gate_b = bias.detach().clone().requires_grad_(), gate.detach().clone().requires_grad_()
-    _run(a, x, ours, scale=0.5, bias=bias, extra={"gate": gate})
-    _run(b, x, _torch_non_reentrant, scale=0.5, bias=bias_b, extra={"gate": gate_b})
-    assert_same_grads(a, b)
-    assert torch.equal(bias.grad, bias_b.grad) and torch.equal(gate.grad, gate_b.grad)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_inputs_without_grad_still_train_parameters(device):
-    # Frozen embeddings (LoRA): torch's reentrant checkpoint gives the parameters no gradient here.
-    a, b, x = _pair(device, n=2)
-    assert not x.requires_grad
-    _run(a, x, ours)
-    _run(b, x, _torch_non_reentrant)
-    assert all(p.grad is not None for p in a.parameters())
-    assert_same_grads(a, b)
 
 
 def test_nested_and_non_tensor_outputs():
