@@ -29,14 +29,15 @@ import torch_offload  # noqa: E402
 from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, log, new_result,  # noqa: E402
                                release_memory, short_gpu_name, sync, table)
 
-def run_variant(model, targets, seq, args):
+def run_variant(model, targets, seq, args, keep_gb=0.0):
     # "preset:NAME" in a --targets set is the preset NAME (presets=), the rest are patterns
     presets = [t[len("preset:"):] for t in targets or () if t.startswith("preset:")]
     patterns = [t for t in targets or () if not t.startswith("preset:")]
+    kept = dict(keep_on_device_bytes=int(keep_gb * GB)) if keep_gb else {}
     handle = torch_offload.apply(model, "modules", targets=patterns, presets=presets,
-                                 min_bytes=args.min_bytes) if targets else None
+                                 min_bytes=args.min_bytes, **kept) if targets else None
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
-    label = "none" if not targets else "modules " + ",".join(targets)
+    label = "none" if not targets else "modules " + ",".join(targets) + (f" keep {keep_gb:g} GB" if keep_gb else "")
     try:
         for _ in range(args.warmup):
             model(input_ids=ids, labels=ids).loss.backward()
@@ -118,6 +119,8 @@ def main():
                    help="comma-separated patterns and preset:NAME (preset:qkv,preset:core_attn), one set "
                         "per flag (default: *.self_attn)")
     p.add_argument("--min-bytes", type=int, default=1 << 20)
+    p.add_argument("--keep-gb", default="0",
+                   help="comma-separated keep_on_device_bytes in GB: each target set runs with each (0: none kept)")
     args = finish_run_args(p.parse_args(), REFERENCE)
     if args.tiny:
         args.min_bytes = 0
@@ -131,8 +134,9 @@ def main():
 
     t0 = time.time()
     for seq in args.seq_list:
-        for targets in [None] + target_sets:
-            row = run_variant(model, targets, seq, args)
+        keeps = [float(k) for k in args.keep_gb.split(",")]
+        for targets, keep_gb in [(None, 0.0)] + [(t, k) for t in target_sets for k in keeps]:
+            row = run_variant(model, targets, seq, args, keep_gb)
             result["runs"].append(row)
             evaluate(result["runs"])
             log({k: v for k, v in row.items() if k not in ("stats", "times_s")}, f"{time.time() - t0:.0f}s")

@@ -17,6 +17,8 @@ batch 1), forward+backward with labels=input_ids, at each sequence length in --s
               mode it kept is timed; its plan is in the JSON
   hidden_re, selective_re, sel_re:POLICY, auto_re   the same with use_reentrant=True (our
               reentrant variant, torch_offload/reentrant.py)
+  VARIANT@GB  an offloading variant with keep_on_device_bytes=GB*1e9: the newest saves stay on the
+              GPU uncopied (e.g. sel:attention+qkv+out_proj@1.3)
 
 Per run: median step time, tokens/s, peak allocated / reserved GPU memory, the manager's statistics;
 per sequence length: tokens/s ratio and peak allocated difference versus ckpt, and the issue's targets
@@ -51,12 +53,26 @@ def _reentrant(variant: str) -> bool:
     return variant.endswith("_re") or variant.startswith("sel_re:")
 
 
+def _kept_bytes(variant: str):
+    """VARIANT@GB -> (VARIANT, bytes kept on the device); raises ValueError for a bad GB."""
+    base, at, gb = variant.partition("@")
+    return base, int(float(gb) * GB) if at else 0
+
+
 def valid_variant(variant: str) -> bool:
+    try:
+        variant, keep = _kept_bytes(variant)
+    except ValueError:
+        return False
+    if keep and (variant.startswith(("ckpt", "torch_sac", "auto")) or keep < 0):
+        return False
     return variant in VARIANTS or (variant.startswith(("sel:", "sel_re:")) and variant.partition(":")[2] != "")
 
 
 def enable(model, variant):
     """Turns `variant` on; returns what undoes it."""
+    variant, keep = _kept_bytes(variant)
+    kept = dict(keep_on_device_bytes=keep) if keep else {}
     reentrant = _reentrant(variant)
     if variant in ("ckpt", "ckpt_re"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
@@ -67,12 +83,12 @@ def enable(model, variant):
                                                                            "context_fn": context_fn})
         return model.gradient_checkpointing_disable
     if variant in ("hidden", "hidden_re"):
-        return torch_offload.apply(model, mode="hidden_states", use_reentrant=reentrant).remove
+        return torch_offload.apply(model, mode="hidden_states", use_reentrant=reentrant, **kept).remove
     policy = {"selective": "attention", "selective_re": "attention", "selective_qkv": "attention_qkv"}.get(variant)
     if variant.startswith(("sel:", "sel_re:")):
         policy = variant.partition(":")[2]
     if policy is not None:
-        return torch_offload.apply(model, "selective", policy=policy, use_reentrant=reentrant).remove
+        return torch_offload.apply(model, "selective", policy=policy, use_reentrant=reentrant, **kept).remove
     if variant in ("auto", "auto_re"):
         return torch_offload.apply(model, "auto", use_reentrant=reentrant).remove
     raise ValueError(f"bench_selective: unknown variant {variant!r}; expected one of {VARIANTS} or sel[_re]:POLICY")
@@ -117,7 +133,7 @@ def run_variant(model, variant, seq, args):
     try:
         for _ in range(args.warmup):
             step()
-        for _ in range(12):  # auto: its trial steps, then one more step closes the last trial
+        for _ in range(30):  # auto: its trial steps, then one more step closes the last trial
             if getattr(handle, "planned", True):
                 break
             step()
@@ -200,7 +216,8 @@ def markdown(result):
         if r.get("auto_plan"):
             budget = r.get("auto_budget_GB")
             lines += ["", f"seq {r['seq']} auto (budget {'-' if budget is None else f'{budget:.2f} GB'}): " + "; ".join(
-                f"{p['candidate']} {p['step_s']:.3f} s"
+                f"{p['candidate']}" + (f" keeping {p['keep_on_device_GB']:.2f} GB" if p.get("keep_on_device_GB") else "")
+                + f" {p['step_s']:.3f} s"
                 + (f" {p['peak_allocated_GB']:.2f} GB" if "peak_allocated_GB" in p else "")
                 + (" (chosen)" if p["chosen"] else "") for p in r["auto_plan"])]
     n = result.get("noise")

@@ -32,6 +32,13 @@ Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> tr
   TORCH_CHECK(config.max_in_flight >= 0, "max_in_flight must be >= 0, got ", config.max_in_flight);
   TORCH_CHECK(config.prefetch_depth >= 0, "prefetch_depth must be >= 0, got ",
               config.prefetch_depth);
+  TORCH_CHECK(config.keep_on_device_bytes >= 0, "keep_on_device_bytes must be >= 0, got ",
+              config.keep_on_device_bytes);
+  TORCH_CHECK(
+      config.keep_on_device_bytes == 0 || (!config.synchronous && config.disk_dir.empty()),
+      "keep_on_device_bytes=", config.keep_on_device_bytes,
+      " is for asynchronous copies to host memory: it cannot be combined with ",
+      config.synchronous ? "synchronous=True (the \"sync\" mode)" : "disk_dir (the disk tier)");
   transfer_ =
       transfer ? std::move(transfer) : std::shared_ptr<DeviceTransfer>(make_cuda_transfer());
   if (!allocator) allocator = make_default_host_allocator();
@@ -108,15 +115,22 @@ at::Tensor Manager::save(const at::Tensor& x) {
     stored = save_tiers_[tier_index]->reserve(src.nbytes(), may_decline);
   }
   if (config_.release_sources_on_save) finish_all_saves();
+  const bool kept = keeps_on_device(src, transfer);
 
   ToHostCopy copy;
   at::Tensor handle;
   try {
-    const at::Tensor destination =
-        at::from_blob(stored->destination(), src.sizes(), src.options().device(c10::kCPU));
-    copy = copy_to_host(src, destination, transfer);
+    if (kept) {
+      // No copy now: the window's oldest entries are copied out under the lock, once this save
+      // is in it; wait for the in-flight bound here, on their behalf.
+      copy.host_wait_ms = releaser_.wait_in_flight_below(config_.max_in_flight);
+    } else {
+      const at::Tensor destination =
+          at::from_blob(stored->destination(), src.sizes(), src.options().device(c10::kCPU));
+      copy = copy_to_host(src, destination, transfer);
+    }
     handle = make_handle(*stored, src);
-    stored->commit(copy.done);
+    if (!kept) stored->commit(copy.done);
   } catch (...) {
     // The copy may still write the tier's memory: free it once the copy has finished.
     std::function<void()> free = stored->release();
@@ -136,7 +150,8 @@ at::Tensor Manager::save(const at::Tensor& x) {
   entry.dtype = src.scalar_type();
   std::lock_guard<std::mutex> lock(mutex_);
   if (tier_index > 1) counters_.spills++;  // the first tier declined it
-  add_entry_locked(handle.storage().data_ptr().get_context(), std::move(entry), x, copy);
+  if (kept) entry.kept_source = src;
+  add_entry_locked(handle.storage().data_ptr().get_context(), std::move(entry), x, copy, kept);
   return handle;
 }
 
@@ -153,7 +168,15 @@ Manager::ToHostCopy Manager::copy_to_host(const at::Tensor& src, const at::Tenso
     copy.done->synchronize();  // the source is released when the caller drops it
     return copy;
   }
-  copy.host_wait_ms = releaser_.wait_in_flight_below(config_.max_in_flight);
+  const double host_wait_ms = releaser_.wait_in_flight_below(config_.max_in_flight);
+  copy = start_copy_to_host(src, dst, transfer);
+  copy.host_wait_ms = host_wait_ms;
+  return copy;
+}
+
+Manager::ToHostCopy Manager::start_copy_to_host(const at::Tensor& src, const at::Tensor& dst,
+                                                DeviceTransfer* transfer) {
+  ToHostCopy copy;
   copy.done = transfer->copy_to_host(src, dst);
   // The source stays alive until the copy has read it; then its memory returns to the compute
   // stream's pool. No record_stream needed.
@@ -168,7 +191,7 @@ Manager::ToHostCopy Manager::copy_to_host(const at::Tensor& src, const at::Tenso
 }
 
 void Manager::add_entry_locked(const void* key, Entry entry, const at::Tensor& x,
-                               const ToHostCopy& copy) {
+                               const ToHostCopy& copy, bool kept) {
   entry.source_device = with_index(x.device());
   if (x.unsafeGetTensorImpl()->version_counter().enabled()) {
     entry.version_counter = x.unsafeGetTensorImpl()->version_counter();
@@ -179,10 +202,14 @@ void Manager::add_entry_locked(const void* key, Entry entry, const at::Tensor& x
   entry.source = copy.source;
   save_order_.push_back(key);
   entry.order_pos = std::prev(save_order_.end());
-  entries_.emplace(key, std::move(entry));
+  Entry& added = entries_.emplace(key, std::move(entry)).first->second;
   counters_.saves++;
-  counters_.bytes_to_host += static_cast<int64_t>(x.nbytes());
   counters_.host_wait_ms += copy.host_wait_ms;
+  if (kept) {
+    enter_window_locked(key, added);  // counted in bytes_to_host if and when it is copied
+  } else {
+    counters_.bytes_to_host += static_cast<int64_t>(x.nbytes());
+  }
 }
 
 Manager::HeldSource Manager::take_source_locked(Entry& entry) {
@@ -234,12 +261,15 @@ void Manager::check_unmodified(const Entry& entry) const {
 void Manager::on_handle_freed(const void* key) {
   FencePtr last;
   at::Tensor prefetched;
+  at::Tensor kept;  // dropped after the lock: a drop may run Python code (source_slot.h)
   std::shared_ptr<StoredTensor> stored;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return;  // its save failed after making it
     Entry& entry = it->second;
+    if (entry.in_window) leave_window_locked(entry);
+    kept = std::move(entry.kept_source);
     last = entry.last_fence;
     prefetched = std::move(entry.prefetched);
     stored = std::move(entry.stored);
@@ -268,6 +298,7 @@ OffloadStats Manager::stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     s = counters_;
     s.live_handles = static_cast<int64_t>(entries_.size());
+    s.window_bytes = window_bytes_;
   }
   host_->add_stats(s);
   if (disk_) disk_->add_stats(s);

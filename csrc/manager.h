@@ -84,8 +84,13 @@ class Manager : public std::enable_shared_from_this<Manager> {
     FencePtr last_fence;                 // latest queued copy that touches the tier's memory
     at::Tensor prefetched;               // device copy started ahead of the restore
     FencePtr prefetch_done;
+    // The device source while the entry is kept on the device (keep_on_device_bytes): no copy
+    // started, the host memory unwritten. Held until the handle dies once a restore used it.
+    at::Tensor kept_source;
+    bool in_window = false;  // kept and still counted in the window of the newest saves
     bool restored = false;
     std::list<const void*>::iterator order_pos;
+    std::list<const void*>::iterator window_pos;
   };
   // The context of a handle's storage: it frees the entry when the handle dies, and tells which
   // manager a tensor belongs to. Its address is the entry's key.
@@ -125,7 +130,24 @@ class Manager : public std::enable_shared_from_this<Manager> {
   };
   // Copies src into dst (bounded in flight, or synchronously).
   ToHostCopy copy_to_host(const at::Tensor& src, const at::Tensor& dst, DeviceTransfer* transfer);
-  void add_entry_locked(const void* key, Entry entry, const at::Tensor& x, const ToHostCopy& copy);
+  // The asynchronous copy of copy_to_host, without waiting for the in-flight bound.
+  ToHostCopy start_copy_to_host(const at::Tensor& src, const at::Tensor& dst,
+                                DeviceTransfer* transfer);
+  // `kept`: `x` goes into the window of saves kept on the device (manager_window.cpp).
+  void add_entry_locked(const void* key, Entry entry, const at::Tensor& x, const ToHostCopy& copy,
+                        bool kept);
+
+  // The window of saves kept on the device (keep_on_device_bytes; manager_window.cpp).
+  // Whether `src` (contiguous, on a device with a transfer) is kept instead of copied.
+  bool keeps_on_device(const at::Tensor& src, const DeviceTransfer* transfer) const;
+  // Adds `key` (its entry's kept_source set) to the window, then copies out the oldest entries
+  // until the window fits.
+  void enter_window_locked(const void* key, Entry& entry);
+  // Starts the deferred copy of a kept entry to host memory: from here on it is like any other.
+  void evict_locked(Entry& entry);
+  void leave_window_locked(Entry& entry);
+  // A restore served by the kept source: a new tensor on the source's memory.
+  at::Tensor restore_kept_locked(Entry& entry, c10::Device device, DeviceTransfer* transfer);
 
   // A source taken out of its entry, to be released after the compute stream waits for its copy.
   struct HeldSource {
@@ -147,7 +169,9 @@ class Manager : public std::enable_shared_from_this<Manager> {
   std::mutex mutex_;
   std::unordered_map<const void*, Entry> entries_;  // keyed by the handle's HandleContext
   std::list<const void*> save_order_;               // live entries, oldest first
-  OffloadStats counters_;                           // the event counters part of the stats
+  std::list<const void*> window_;                   // entries kept on the device, oldest first
+  int64_t window_bytes_ = 0;
+  OffloadStats counters_;  // the event counters part of the stats
 
   // Filled by the releaser's payloads: declared before it, so alive while it drains.
   FinishedSources finished_sources_;

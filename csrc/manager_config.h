@@ -31,6 +31,12 @@ struct ManagerConfig {
   // whose host runs far ahead of the GPU) the wait is free and the memory is reusable at once;
   // for saves a few kernels apart ("all" mode) it would stall, so it is off by default.
   bool release_sources_on_save = false;
+  // Bytes of the newest saves kept on the device instead of copied (0 = none): a save enters a
+  // window of the newest saves and is copied to host memory only when newer saves push it out.
+  // Backward restores the newest saves first, so the saves a forward ends with are never copied
+  // either way; this spends that much device memory where the link cannot carry the last copies of
+  // a forward before backward needs them. Host tier, asynchronous copies only.
+  int64_t keep_on_device_bytes = 0;
 };
 
 }  // namespace torch_offload

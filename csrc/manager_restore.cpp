@@ -46,7 +46,10 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
     const c10::DataPtr& data = handle.storage().data_ptr();
     if (data.get_deleter() == &free_handle) {
       auto it = entries_.find(data.get_context());
-      if (it != entries_.end()) landed = it->second.to_host_done;
+      if (it != entries_.end()) {
+        if (it->second.kept_source.defined()) evict_locked(it->second);  // its bytes, to host
+        landed = it->second.to_host_done;
+      }
     }
     counters_.restores++;
     counters_.bytes_to_device += static_cast<int64_t>(handle.nbytes());
@@ -57,6 +60,10 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
   // The entry stays in place while we hold its handle (the map never moves its elements).
   Entry& entry = *found;
   check_unmodified(entry);
+  if (entry.kept_source.defined()) {
+    if (entry.kept_source.device() == device) return restore_kept_locked(entry, device, transfer);
+    evict_locked(entry);  // wanted on another device: through host memory like the others
+  }
   at::Tensor out;
   if (entry.prefetched.defined() && entry.prefetched.device() == device) {
     out = std::move(entry.prefetched);
@@ -134,7 +141,7 @@ void Manager::prefetch(const at::Tensor& handle, c10::Device device) {
   Entry& entry = *found;
   const void* bytes = entry.stored->resident();
   if (config_.synchronous || transfer == nullptr || bytes == nullptr ||
-      entry.prefetched.defined()) {
+      entry.prefetched.defined() || entry.kept_source.defined()) {
     return;
   }
   check_unmodified(entry);
@@ -161,6 +168,7 @@ void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
     --pos;
     Entry& candidate = entries_.at(*pos);
     if (candidate.restored || candidate.source_device != device) continue;
+    if (candidate.kept_source.defined()) continue;  // on the device already
     const void* bytes = candidate.stored->resident();
     if (bytes == nullptr) {  // bytes not in host memory: read ahead
       if (reads > 0) {

@@ -27,6 +27,11 @@ struct OffloadStats {
   int64_t disk_bytes_read = 0;
   int64_t disk_bytes_read_from_page_cache = 0;  // of disk_bytes_read; -1 where unknown
   int64_t spills = 0;  // tensors sent to disk because the host budget was full
+  // keep_on_device_bytes: restores served by a source kept on the device (never copied), their
+  // bytes, and the bytes kept on the device now.
+  int64_t restores_kept_on_device = 0;
+  int64_t bytes_kept_on_device = 0;
+  int64_t window_bytes = 0;
   bool pinned = false;
   double compute_wait_ms = 0.0;   // compute stream stalled waiting for copies
   double host_wait_ms = 0.0;      // host thread blocked by the in-flight bound
@@ -53,6 +58,9 @@ struct OffloadStats {
             {"disk_bytes_read", double(disk_bytes_read)},
             {"disk_bytes_read_from_page_cache", double(disk_bytes_read_from_page_cache)},
             {"spills", double(spills)},
+            {"restores_kept_on_device", double(restores_kept_on_device)},
+            {"bytes_kept_on_device", double(bytes_kept_on_device)},
+            {"window_bytes", double(window_bytes)},
             {"pinned", pinned ? 1.0 : 0.0},
             {"compute_wait_ms", compute_wait_ms},
             {"host_wait_ms", host_wait_ms},

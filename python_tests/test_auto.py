@@ -23,13 +23,15 @@ def test_auto_trains_like_checkpointing_through_every_trial_and_keeps_one(device
     ours, reference = _tiny_llama(device, 0.1), _tiny_llama(device, 0.1)
     reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     handle = torch_offload.apply(ours, "auto")
-    # 4 candidates x 2 trial steps; the 9th step's forward closes the last trial and decides.
-    _train_alike(ours, reference, device, steps=11)
-    assert handle.planned and [r["candidate"] for r in handle.plan] == [
+    # 4 candidates x 3 trial steps; the 13th step's forward closes the last trial and decides. On
+    # CUDA, room under the budget adds a trial (or two) of the fastest with saves kept on the GPU.
+    _train_alike(ours, reference, device, steps=20)
+    assert handle.planned and [r["candidate"] for r in handle.plan][:4] == [
         "hidden_states", "selective:attention", "selective:attention+qkv+out_proj", "checkpointing"]
+    assert len(handle.plan) == 4 or (device == "cuda" and all(r["keep_on_device_bytes"] for r in handle.plan[4:]))
     assert sum(r["chosen"] for r in handle.plan) == 1
     assert handle.chosen == next(r["candidate"] for r in handle.plan if r["chosen"])
-    assert all(r["step_s"] > 0 for r in handle.plan)
+    assert all(r["step_s"] == min(r["steps_s"]) > 0 and len(r["steps_s"]) == 2 for r in handle.plan)
     assert handle.current.mode == handle.chosen.partition(":")[0]
     assert (handle.manager is None) == (handle.chosen == "checkpointing")
     table = handle.explain()

@@ -10,11 +10,11 @@ TORCH_LIBRARY(offload, m) {
 
   using torch_offload::OffloadManager;
   m.class_<OffloadManager>("OffloadManager")
-      .def(torch::init<int64_t, int64_t, int64_t, bool, std::string, bool, bool>(), "",
+      .def(torch::init<int64_t, int64_t, int64_t, bool, std::string, bool, bool, int64_t>(), "",
            {torch::arg("max_in_flight") = 4, torch::arg("prefetch_depth") = 1,
             torch::arg("host_budget_bytes") = 0, torch::arg("synchronous") = false,
             torch::arg("disk_dir") = "", torch::arg("disk_only") = false,
-            torch::arg("release_sources_on_save") = false})
+            torch::arg("release_sources_on_save") = false, torch::arg("keep_on_device_bytes") = 0})
       .def("id", &OffloadManager::id)
       .def("stats", &OffloadManager::stats)
       .def("reset_stats", &OffloadManager::reset_stats)
@@ -29,6 +29,7 @@ TORCH_LIBRARY(offload, m) {
       .def("disk_dir", &OffloadManager::disk_dir)
       .def("disk_only", &OffloadManager::disk_only)
       .def("release_sources_on_save", &OffloadManager::release_sources_on_save)
+      .def("keep_on_device_bytes", &OffloadManager::keep_on_device_bytes)
       .def("_simulate_full_disk", &OffloadManager::simulate_full_disk)
       .def_pickle(
           [](const c10::intrusive_ptr<OffloadManager>& self) -> OffloadManager::State {

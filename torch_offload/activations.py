@@ -111,8 +111,9 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
     the model's parameters and buffers; a DTensor counts by its local shard), tensors
     smaller than `min_bytes`. Options: `max_in_flight` (copies in flight before forward blocks),
     `prefetch_depth` (tensors copied back ahead of need in backward), `host_budget_bytes`
-    (0 = unlimited) or `node_host_budget_bytes` (shared by the ranks of a node), `disk_dir` (the disk tier: where "disk" writes, where "all" spills), or a
-    ready `manager`. `on_offload(t)` is called with each tensor offloaded (modules mode counts them).
+    (0 = unlimited) or `node_host_budget_bytes` (shared by the ranks of a node), `disk_dir` (the disk tier: where "disk" writes, where "all" spills),
+    `keep_on_device_bytes` (the newest saves, up to that many bytes, stay on the GPU uncopied: see
+    OffloadManager), or a ready `manager`. `on_offload(t)` is called with each tensor offloaded (modules mode counts them).
     Leaving the context after tensors were saved but none offloaded warns once, saying why
     (NothingOffloadedWarning; apply() checks each training step instead: warn_on_exit=False).
     copy.deepcopy gives hooks on a copy of the manager (fresh, same configuration) that keep the
@@ -133,6 +134,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         manager: Optional[object] = None,
         keep: Iterable[torch.Tensor] = (),
         disk_dir: Optional[str] = None,
+        keep_on_device_bytes: int = 0,
         on_offload: Optional[Callable[[torch.Tensor], None]] = None,
         warn_on_exit: bool = True,
     ):
@@ -149,6 +151,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
                 synchronous=self.mode == "sync",
                 disk_dir=disk_dir or "",
                 disk_only=self.mode == "disk",
+                keep_on_device_bytes=keep_on_device_bytes,
             )
         self.manager = manager
         self.counts = counts = StepCounts()

@@ -77,7 +77,7 @@ def apply(
     bytes expected and freed (see offload_modules). Takes min_bytes like "all".
 
     mode="auto": the first training steps try hidden_states, the selective policies "attention" and
-    "attention+qkv+out_proj", and torch's checkpointing (trial_steps=2 each) and keep the fastest whose peak
+    "attention+qkv+out_proj", and torch's checkpointing (trial_steps=3 each) and keep the fastest whose peak
     allocated memory fits memory_budget_gb (default: checkpointing's measured peak);
     handle.plan / handle.explain().
 

@@ -23,6 +23,7 @@ def OffloadManager(
     disk_only: bool = False,
     release_sources_on_save: bool = False,
     node_host_budget_bytes: int = 0,
+    keep_on_device_bytes: int = 0,
 ):
     """Creates a torch.classes.offload.OffloadManager.
 
@@ -36,12 +37,17 @@ def OffloadManager(
         order (free when saves are a layer apart; used by torch_offload.compile).
     node_host_budget_bytes: instead of host_budget_bytes, the host memory all ranks of this node
         may hold together; this rank gets node_host_budget_bytes // LOCAL_WORLD_SIZE (node_budget.py).
+    keep_on_device_bytes: the newest saves, up to this many bytes, stay on the device instead of
+        being copied; each is copied only when newer saves push it out. Backward restores the newest
+        saves first, so a forward's last saves never cross the link: GPU memory spent where the link
+        cannot carry the last copies of a forward before backward needs them (mode="auto" sizes it
+        from the memory budget). Not with synchronous or disk_dir.
     """
     if node_host_budget_bytes:
         host_budget_bytes = node_budget.rank_share(node_host_budget_bytes, host_budget_bytes)
     manager = torch.classes.offload.OffloadManager(
         max_in_flight, prefetch_depth, host_budget_bytes, synchronous, str(disk_dir), disk_only,
-        release_sources_on_save,
+        release_sources_on_save, keep_on_device_bytes,
     )
     if node_host_budget_bytes:
         node_budget.register(manager, node_host_budget_bytes)

@@ -9,14 +9,23 @@ candidate in its reentrant variant (ours, reentrant.py, and torch's), with "+fc2
 policies with projection groups. They all train exactly like gradient checkpointing (fp32
 gradients bit-equal), so the trial steps are ordinary training steps. A step is one forward of the
 model in training mode with grad enabled, and what follows it until the next such forward (its
-backward, the optimizer). Each candidate runs `trial_steps` steps; the last one is timed (the first
-warms the allocator, the pinned pool and the kernels) and its peak allocated memory read. The budget,
+backward, the optimizer). Each candidate runs `trial_steps` steps (default 3): the first warms the
+allocator, the pinned pool and the kernels, the others are timed (the fastest counts: a step slowed
+by something else on the machine says nothing of the candidate) and their peak allocated memory read
+(the highest counts). The budget,
 `memory_budget_gb` (default: gradient checkpointing's peak, measured in its trial; without that
 candidate, estimated as the peak under hidden_states plus the block inputs it kept in host memory),
 rules out candidates above it (if none
 fits, the one with the lowest peak is kept, with a warning); the fastest remaining one stays for the
 rest of training. `handle.plan` lists what was measured and chosen; `handle.explain()` gives it as a
 table. On CPU there is no peak to read and the budget is not checked.
+
+Memory the budget leaves over is spent on the link: when the fastest candidate that fits offloads
+and peaks below the budget, one more trial runs it with the newest saves kept on the GPU
+(OffloadManager's keep_on_device_bytes, sized to the room left, predicted peak = its peak plus the
+kept bytes): a forward's last saves, which backward needs first, then never cross the link. If that
+trial's peak exceeds the budget, one more runs with the window shrunk by the excess. The fastest
+row within the budget is kept, as for the candidates.
 
 While it plans, auto synchronises the device and resets its peak-memory statistics at each step.
 """
@@ -39,8 +48,18 @@ from .selective import apply_selective
 CANDIDATES = ("hidden_states", "selective:attention", "selective:attention+qkv+out_proj", "checkpointing")
 _OPTIONS = ("memory_budget_gb", "trial_steps", "candidates", "max_in_flight", "host_budget_bytes", "use_reentrant")
 _WHY = {"prefetch_depth": "mode='auto' sets each candidate's prefetch depth",
-        "policy": "mode='auto' tries the selective policies itself (candidates=)"}
+        "policy": "mode='auto' tries the selective policies itself (candidates=)",
+        "keep_on_device_bytes": "mode='auto' sizes it from the memory left under memory_budget_gb"}
 GB = 1e9
+MIN_KEEP_BYTES = 16 << 20  # a smaller window is not worth a trial
+KEEP_MARGIN = 0.1  # of the room under the budget, left for what the peak does not show exactly
+
+
+def keep_on_device_bytes_for(budget_gb: float, peak_gb: float) -> int:
+    """The window of saves kept on the device that the room between a candidate's peak and the
+    budget allows (0 when too small to try)."""
+    keep = int((budget_gb - peak_gb) * (1 - KEEP_MARGIN) * GB)
+    return keep if keep >= MIN_KEEP_BYTES else 0
 
 
 def apply_auto(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
@@ -50,7 +69,7 @@ def apply_auto(model: nn.Module, blocks, manager, options: dict) -> OffloadHandl
                          "per candidate); pass max_in_flight= / host_budget_bytes= instead")
     options = dict(options)
     budget = options.pop("memory_budget_gb", None)
-    trial_steps = options.pop("trial_steps", 2)
+    trial_steps = options.pop("trial_steps", 3)
     use_reentrant = check_use_reentrant("auto", options.pop("use_reentrant", False))
     candidates = list(options.pop("candidates", None) or _default_candidates(model, blocks, use_reentrant))
     unknown = [c for c in candidates if not _is_candidate(c)]
@@ -108,7 +127,10 @@ class _TorchCheckpointForward(BlockForward):
         return torch_checkpoint(self.run, *args, use_reentrant=False, **kwargs)
 
 
-def _install(model, blocks, candidate: str, manager_options: dict, use_reentrant: bool) -> OffloadHandle:
+def _install(model, blocks, candidate: str, manager_options: dict, use_reentrant: bool,
+             keep_on_device_bytes: int = 0) -> OffloadHandle:
+    if keep_on_device_bytes:
+        manager_options = dict(manager_options, keep_on_device_bytes=keep_on_device_bytes)
     if candidate == "checkpointing":
         handle = OffloadHandle(model, "checkpointing", None)
         for block in blocks:
@@ -133,11 +155,15 @@ class AutoHandle(OffloadHandle):
         self.planned = False
         self.budget_gb: Optional[float] = budget_gb
         self.chosen: Optional[str] = None
-        self._trial = 0  # index into candidates
+        self.keep_on_device_bytes = 0  # of the chosen row
+        self._trials = [(c, 0) for c in candidates]  # (candidate, keep_on_device_bytes) to measure
+        self._trial = 0  # index into _trials
+        self._planned_peak = {}  # keep_on_device_bytes of a queued trial -> its predicted peak (GB)
         self._steps = 0  # steps finished under the current candidate
+        self._timed = []  # (seconds, peak allocated GB, bytes to host) of its timed steps
         self._started: Optional[float] = None
         self.current: Optional[OffloadHandle] = None  # the candidate's handle in use
-        self._switch(candidates[0])
+        self._switch(*self._trials[0])
         self.on_remove(model.register_forward_pre_hook(self._on_forward))
 
     @property
@@ -156,22 +182,27 @@ class AutoHandle(OffloadHandle):
     def explain(self) -> str:
         """The plan as a markdown table: each candidate's measured step and peak, and the choice."""
         budget = f"{self.budget_gb:.2f} GB" if self.budget_gb is not None else "not checked"
+        def gb(value):
+            return "-" if value is None else f"{value:.2f}"
+
         lines = [f"torch_offload mode='auto' (budget: {budget})", "",
-                 "| candidate | step s | peak allocated GB | within budget | chosen |", "|---|---|---|---|---|"]
+                 "| candidate | kept on GPU GB | step s | predicted peak GB | peak allocated GB | within budget | chosen |",
+                 "|---|---|---|---|---|---|---|"]
         for row in self.plan:
-            peak = row.get("peak_allocated_GB")
-            lines.append(f"| {row['candidate']} | {row['step_s']:.4f} | "
-                         f"{'-' if peak is None else f'{peak:.2f}'} | {row['within_budget']} | {row['chosen']} |")
+            lines.append(f"| {row['candidate']} | {gb(row['keep_on_device_GB'])} | {row['step_s']:.4f} | "
+                         f"{gb(row.get('predicted_peak_GB'))} | {gb(row.get('peak_allocated_GB'))} | "
+                         f"{row['within_budget']} | {row['chosen']} |")
         return "\n".join(lines) + "\n"
 
-    def _switch(self, candidate: str) -> None:
+    def _switch(self, candidate: str, keep_on_device_bytes: int = 0) -> None:
         if self.current is not None:
             old = self.current.manager
             self.current.remove()
             if old is not None:
                 old.synchronize()
                 old.empty_pool()  # its pinned buffers, before the next candidate's pool fills
-        self.current = _install(self.model, self._blocks, candidate, self._manager_options, self._use_reentrant)
+        self.current = _install(self.model, self._blocks, candidate, self._manager_options, self._use_reentrant,
+                                keep_on_device_bytes)
         self.manager = self.current.manager
 
     def _on_forward(self, module, args):
@@ -194,21 +225,61 @@ class AutoHandle(OffloadHandle):
         seconds = time.perf_counter() - self._started
         self._started = None
         self._steps += 1
+        if self._steps > 1 or self._trial_steps == 1:  # the first of several warms up
+            self._timed.append((seconds, torch.cuda.max_memory_allocated() / GB if cuda else None,
+                                self.current.stats().get("bytes_to_host", 0) - self._bytes_before))
         if self._steps < self._trial_steps:
             return
-        row = {"candidate": self._candidates[self._trial], "step_s": seconds,
-               "bytes_to_host": self.current.stats().get("bytes_to_host", 0) - self._bytes_before}
+        candidate, keep = self._trials[self._trial]
+        row = {"candidate": candidate, "keep_on_device_bytes": keep, "keep_on_device_GB": keep / GB,
+               "step_s": min(t[0] for t in self._timed), "steps_s": [t[0] for t in self._timed],
+               "bytes_to_host": self._timed[-1][2]}
+        if keep:
+            row["predicted_peak_GB"] = self._planned_peak[keep]
         if cuda:
-            row["peak_allocated_GB"] = torch.cuda.max_memory_allocated() / GB
+            row["peak_allocated_GB"] = max(t[1] for t in self._timed)
         self.plan.append(row)
+        self._timed = []
         self._trial += 1
         self._steps = 0
-        if self._trial < len(self._candidates):
-            self._switch(self._candidates[self._trial])
+        if self._trial == len(self._trials):
+            self._find_budget()
+            self._plan_keep_trial()
+        if self._trial < len(self._trials):
+            self._switch(*self._trials[self._trial])
         else:
             self._decide()
 
-    def _decide(self) -> None:
+    def _plan_keep_trial(self) -> None:
+        """Queues a trial of the fastest fitting candidate with the newest saves kept on the GPU,
+        in the room its peak leaves under the budget (once; once more, smaller, if that trial's
+        peak went over)."""
+        if self.budget_gb is None or any("peak_allocated_GB" not in r for r in self.plan):
+            return
+        last = self.plan[-1]
+        keep_rows = [r for r in self.plan if r["keep_on_device_GB"]]
+        if not keep_rows:
+            fitting = [r for r in self.plan if r["peak_allocated_GB"] <= self.budget_gb]
+            if not fitting:
+                return
+            best = min(fitting, key=lambda r: r["step_s"])
+            if best["candidate"] == "checkpointing" or not best["bytes_to_host"]:
+                return
+            candidate, keep = best["candidate"], keep_on_device_bytes_for(self.budget_gb, best["peak_allocated_GB"])
+            base_peak = best["peak_allocated_GB"]
+        elif len(keep_rows) == 1 and last is keep_rows[0] and last["peak_allocated_GB"] > self.budget_gb:
+            excess = last["peak_allocated_GB"] - self.budget_gb
+            candidate = last["candidate"]
+            keep = int(last["keep_on_device_bytes"] - excess * GB * (1 + KEEP_MARGIN))
+            keep = keep if keep >= MIN_KEEP_BYTES else 0
+            base_peak = last["predicted_peak_GB"] - last["keep_on_device_GB"]
+        else:
+            return
+        if keep:
+            self._planned_peak[keep] = base_peak + keep / GB
+            self._trials.append((candidate, keep))
+
+    def _find_budget(self) -> None:
         measured = [r for r in self.plan if "peak_allocated_GB" in r]
         if self.budget_gb is None and measured:
             # Gradient checkpointing's peak: measured when it was a candidate, else estimated as ours
@@ -219,6 +290,8 @@ class AutoHandle(OffloadHandle):
             elif "hidden_states" in by_name:
                 hs = by_name["hidden_states"]
                 self.budget_gb = hs["peak_allocated_GB"] + hs["bytes_to_host"] / GB
+
+    def _decide(self) -> None:
         for row in self.plan:
             peak = row.get("peak_allocated_GB")
             row["within_budget"] = None if peak is None or self.budget_gb is None else peak <= self.budget_gb
@@ -231,6 +304,7 @@ class AutoHandle(OffloadHandle):
         best = min(fitting, key=lambda r: r["step_s"])
         best["chosen"] = True
         self.chosen = best["candidate"]
+        self.keep_on_device_bytes = best["keep_on_device_bytes"]
         self.planned = True
-        if self.chosen != self._candidates[-1]:
-            self._switch(self.chosen)
+        if (self.chosen, self.keep_on_device_bytes) != self._trials[-1]:
+            self._switch(self.chosen, self.keep_on_device_bytes)

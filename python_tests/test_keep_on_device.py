@@ -1,0 +1,130 @@
+"""keep_on_device_bytes: the newest saves stay on the GPU uncopied (the engine's window,
+csrc/manager_window.cpp). Every mode trains exactly as before with it, the kept restores are
+counted, and the option is refused where it cannot apply, naming it. The engine's own tests (with
+a fake asynchronous device) are tests/test_manager_window.cpp; here the CUDA cases run the window
+for real."""
+import copy
+
+import pytest
+import torch
+
+import torch_offload
+from conftest import cuda_only
+from torch_offload.modes.auto import GB, MIN_KEEP_BYTES, keep_on_device_bytes_for
+from test_models import _llama_step, _steps_match_plain, _tiny_llama
+
+
+def test_the_manager_reports_and_copies_its_window():
+    manager = torch_offload.OffloadManager(keep_on_device_bytes=1 << 20)
+    assert manager.keep_on_device_bytes() == 1 << 20
+    assert copy.deepcopy(manager).keep_on_device_bytes() == 1 << 20
+    assert torch_offload.OffloadManager().keep_on_device_bytes() == 0
+    assert {"restores_kept_on_device", "bytes_kept_on_device", "window_bytes"} <= set(manager.stats())
+
+
+def test_cpu_tensors_are_copied_as_usual():
+    # The window is for device memory: a CPU tensor has nothing to spare by staying.
+    manager = torch_offload.OffloadManager(keep_on_device_bytes=1 << 20)
+    x = torch.randn(64)
+    handle = torch.ops.offload.offload_save(x, manager.id())
+    assert torch.equal(torch.ops.offload.offload_restore(handle, torch.device("cpu"), manager.id()), x)
+    stats = manager.stats()
+    assert stats["bytes_to_host"] == x.nbytes and stats["restores_kept_on_device"] == 0
+
+
+@pytest.mark.parametrize("options, named", [
+    (dict(keep_on_device_bytes=-1), "keep_on_device_bytes must be >= 0"),
+    (dict(keep_on_device_bytes=1024, synchronous=True), "synchronous=True"),
+    (dict(keep_on_device_bytes=1024, disk_dir="/tmp"), "disk_dir"),
+])
+def test_the_window_is_refused_where_it_cannot_apply(options, named):
+    with pytest.raises(RuntimeError, match=named):
+        torch_offload.OffloadManager(**options)
+
+
+def test_modes_take_the_option_and_sync_refuses_it():
+    model = _tiny_llama("cpu", 0.0)
+    with pytest.raises(RuntimeError, match="synchronous=True"):
+        torch_offload.apply(model, "sync", keep_on_device_bytes=1 << 20)
+    for mode in ("hidden_states", "selective", "all"):
+        handle = torch_offload.apply(model, mode, keep_on_device_bytes=1 << 20)
+        assert handle.manager.keep_on_device_bytes() == 1 << 20
+        handle.remove()
+    with pytest.raises(TypeError, match="sizes it from the memory left"):
+        torch_offload.apply(model, "auto", keep_on_device_bytes=1 << 20)
+
+
+def test_auto_sizes_the_window_from_the_room_under_the_budget():
+    assert keep_on_device_bytes_for(10.0, 9.0) == int(0.9 * GB)
+    assert keep_on_device_bytes_for(10.0, 10.0) == 0
+    assert keep_on_device_bytes_for(10.0, 11.0) == 0
+    assert keep_on_device_bytes_for(10.0, 10.0 - MIN_KEEP_BYTES / GB / 2) == 0  # too small to try
+
+
+def _stats_after_steps(handle):
+    torch.cuda.synchronize()
+    return handle.stats()
+
+
+@cuda_only
+@pytest.mark.parametrize("mode, options", [
+    ("hidden_states", {}),
+    ("selective", dict(policy="attention+qkv+out_proj")),
+    ("selective", dict(policy="attention", use_reentrant=True)),
+    ("all", dict(min_bytes=0)),
+    ("modules", dict(targets=["*.self_attn"], min_bytes=0)),
+])
+@pytest.mark.parametrize("keep_bytes", [20 << 10, 1 << 30])
+def test_every_mode_trains_exactly_as_before_with_saves_kept(mode, options, keep_bytes):
+    # 20 KiB keeps the last save or few (a block input is 16 KiB: the rest is pushed out and
+    # copied), 1 GiB keeps them all.
+    ours, reference = _tiny_llama("cuda", 0.0), _tiny_llama("cuda", 0.0)
+    if mode in ("hidden_states", "selective"):  # these replace checkpointing: compare with it
+        reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    handle = torch_offload.apply(ours, mode, keep_on_device_bytes=keep_bytes, **options)
+    _steps_match_plain(ours, reference, "cuda", steps=3)
+    stats = _stats_after_steps(handle)
+    assert stats["restores_kept_on_device"] > 0
+    assert stats["window_bytes"] == 0, "every kept save was restored or freed"
+    if keep_bytes == 1 << 30:
+        assert stats["bytes_to_host"] == 0, "everything fit in the window"
+    else:
+        assert stats["bytes_to_host"] > 0, "the window pushed the older saves out"
+    handle.remove()
+
+
+@cuda_only
+def test_kept_saves_are_dropped_with_a_forward_that_has_no_backward():
+    model = _tiny_llama("cuda", 0.0)
+    handle = torch_offload.apply(model, "all", min_bytes=0, keep_on_device_bytes=1 << 30)
+    ids = torch.randint(0, 256, (2, 32), device="cuda")
+    loss = model(input_ids=ids, labels=ids).loss
+    assert handle.stats()["window_bytes"] > 0
+    del loss
+    assert handle.stats()["window_bytes"] == 0 and handle.stats()["live_handles"] == 0
+    handle.remove()
+
+
+@cuda_only
+def test_auto_tries_the_fastest_candidate_again_with_saves_kept_within_the_budget():
+    ours, reference = _tiny_llama("cuda", 0.0), _tiny_llama("cuda", 0.0)
+    reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # A budget with room to spare: the kept trial fits whatever it keeps.
+    handle = torch_offload.apply(ours, "auto", trial_steps=1, memory_budget_gb=1000.0,
+                                 candidates=["hidden_states", "selective:attention"])
+    ids = torch.randint(0, 256, (2, 32), device="cuda")
+    for _ in range(6):
+        for m in (ours, reference):
+            m.zero_grad(set_to_none=True)
+        assert torch.equal(_llama_step(ours, ids, "cuda"), _llama_step(reference, ids, "cuda"))
+    assert handle.planned
+    kept = [r for r in handle.plan if r["keep_on_device_bytes"]]
+    assert len(kept) == 1 and len(handle.plan) == 3
+    fastest = min(handle.plan[:2], key=lambda r: r["step_s"])
+    assert kept[0]["candidate"] == fastest["candidate"]
+    assert kept[0]["predicted_peak_GB"] == pytest.approx(fastest["peak_allocated_GB"] + kept[0]["keep_on_device_GB"])
+    assert f"| {kept[0]['keep_on_device_GB']:.2f} |" in handle.explain()
+    chosen = next(r for r in handle.plan if r["chosen"])
+    assert handle.keep_on_device_bytes == chosen["keep_on_device_bytes"]
+    assert handle.manager.keep_on_device_bytes() == chosen["keep_on_device_bytes"]
+    handle.remove()
