@@ -16,3 +16,31 @@ timeout 100 python3 benchmarks/bench_selective.py --out /tmp/sa --seqs 16384 --s
 cp /tmp/sa/selective_h100.md $OUT/keep_auto_16k_h100.md
 timeout 120 python3 benchmarks/bench_modules.py --out /tmp/mod --seqs 4096,16384 --steps 5 --keep-gb 0,0.15 2>&1 | grep -E "^\| (4096|16384)" | head -8
 cp /tmp/mod/modules_h100.md $OUT/keep_modules_h100.md; cp /tmp/mod/modules_h100.json $OUT/keep_modules_h100.json
+
+# --- s6call2.sh (nvidia-h100-x1)
+# Session 6, call 2 (H100): keep-on-device CUDA tests (fixed window sizes); 16k selective with windows of
+# 0.35 / 0.7 / 1.0 GB (5 interleaved rounds); auto at 16k and on the Llama-3-8B shape at 8k (trials timed
+# as the fastest of two steps, the kept trial); hidden_states at 16k / 32k (3 rounds).
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+(cd python_tests && timeout 100 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_keep_on_device.py test_auto.py 2>&1 | tail -15) > $OUT/pytest_cuda_keep.log; tail -4 $OUT/pytest_cuda_keep.log
+timeout 200 python3 benchmarks/bench_selective.py --out /tmp/s16k --seqs 16384 --rounds 5 --steps 3 --warmup 1 --variants ckpt,selective,selective@0.7,sel:attention+qkv+out_proj,sel:attention+qkv+out_proj@0.35,sel:attention+qkv+out_proj@0.7,sel:attention+qkv+out_proj@1.0 2>&1 | grep -E "^\| 16384" | head -10
+cp /tmp/s16k/selective_h100.md $OUT/keep_16k_rounds_h100.md; cp /tmp/s16k/selective_h100.json $OUT/keep_16k_rounds_h100.json
+timeout 100 python3 benchmarks/bench_selective.py --out /tmp/sa --seqs 16384 --steps 3 --warmup 1 --variants ckpt,auto 2>&1 | grep -E "^\| 16384|auto \(" | head -5
+cp /tmp/sa/selective_h100.md $OUT/keep_auto_16k_h100.md
+timeout 170 python3 benchmarks/bench_selective.py --out /tmp/s8b --shape llama3_8b --seqs 8192 --steps 3 --warmup 1 --variants ckpt,auto 2>&1 | grep -E "^\| 8192|auto \(" | head -5
+cp /tmp/s8b/selective_h100_llama3_8b.md $OUT/keep_auto_llama3_8b_h100.md
+
+# --- s6call3.sh (nvidia-h100-x1)
+# Session 6, call 3 (H100): where offload_restore's host time goes (profiled restore loop); CUDA tests of
+# the window and auto after the kept-trial change; auto at 16k (kept trials for the candidates within
+# 3% of the fastest, a window of two blocks); 64k "attention+qkv+out_proj" with a 1 GB window.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 120 python3 .gpu/restore_cost.py > $OUT/restore_cost_h100.log 2>&1; head -60 $OUT/restore_cost_h100.log
+(cd python_tests && timeout 100 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_keep_on_device.py test_auto.py 2>&1 | tail -15) > $OUT/pytest_cuda_keep.log; tail -4 $OUT/pytest_cuda_keep.log
+timeout 120 python3 benchmarks/bench_selective.py --out /tmp/sa --seqs 16384 --steps 3 --warmup 1 --variants ckpt,auto 2>&1 | grep -E "^\| 16384|auto \(" | head -5
+cp /tmp/sa/selective_h100.md $OUT/keep_auto_16k_h100.md; cp /tmp/sa/selective_h100.json $OUT/keep_auto_16k_h100.json
+timeout 200 python3 benchmarks/bench_selective.py --out /tmp/s64 --seqs 65536 --steps 2 --warmup 1 --variants ckpt,sel:attention+qkv+out_proj,sel:attention+qkv+out_proj@1.0 2>&1 | grep -E "^\| 65536" | head -5
+cp /tmp/s64/selective_h100.md $OUT/keep_64k_h100.md; cp /tmp/s64/selective_h100.json $OUT/keep_64k_h100.json
+# (.gpu/restore_cost.py is committed as benchmarks/results/restore_cost.py)

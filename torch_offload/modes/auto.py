@@ -20,12 +20,14 @@ fits, the one with the lowest peak is kept, with a warning); the fastest remaini
 rest of training. `handle.plan` lists what was measured and chosen; `handle.explain()` gives it as a
 table. On CPU there is no peak to read and the budget is not checked.
 
-Memory the budget leaves over is spent on the link: when the fastest candidate that fits offloads
-and peaks below the budget, one more trial runs it with the newest saves kept on the GPU
-(OffloadManager's keep_on_device_bytes, sized to the room left, predicted peak = its peak plus the
-kept bytes): a forward's last saves, which backward needs first, then never cross the link. If that
-trial's peak exceeds the budget, one more runs with the window shrunk by the excess. The fastest
-row within the budget is kept, as for the candidates.
+Memory the budget leaves over is spent on the link: the fastest offloading candidates that fit
+(those within 3% of the fastest, at most two) run once more with the newest saves kept on the GPU
+(OffloadManager's keep_on_device_bytes: two blocks' offloaded bytes, within the room under the
+budget; predicted peak = the candidate's peak plus the kept bytes). A forward's last saves, which
+backward needs first, then never cross the link: where the link is full at the end of the forward
+(16k, "attention+qkv+out_proj") that was 1.8% of the step. A kept trial whose peak exceeds the
+budget runs once more with the window shrunk by the excess. The fastest row within the budget is
+kept, as for the candidates.
 
 While it plans, auto synchronises the device and resets its peak-memory statistics at each step.
 """
@@ -51,15 +53,17 @@ _WHY = {"prefetch_depth": "mode='auto' sets each candidate's prefetch depth",
         "policy": "mode='auto' tries the selective policies itself (candidates=)",
         "keep_on_device_bytes": "mode='auto' sizes it from the memory left under memory_budget_gb"}
 GB = 1e9
-MIN_KEEP_BYTES = 16 << 20  # a smaller window is not worth a trial
 KEEP_MARGIN = 0.1  # of the room under the budget, left for what the peak does not show exactly
+KEEP_TRY_WITHIN = 0.03  # candidates this close to the fastest are tried with a window too
+KEEP_TRIES = 2
 
 
-def keep_on_device_bytes_for(budget_gb: float, peak_gb: float) -> int:
-    """The window of saves kept on the device that the room between a candidate's peak and the
-    budget allows (0 when too small to try)."""
-    keep = int((budget_gb - peak_gb) * (1 - KEEP_MARGIN) * GB)
-    return keep if keep >= MIN_KEEP_BYTES else 0
+def keep_on_device_bytes_for(budget_gb: float, peak_gb: float, per_block_bytes: float) -> int:
+    """The window of saves kept on the device for a candidate that peaks at `peak_gb` and offloads
+    `per_block_bytes` per block: two blocks' worth, within the room under the budget (less than
+    one block's worth keeps only part of the last block: 0, not worth a trial)."""
+    keep = min(int((budget_gb - peak_gb) * (1 - KEEP_MARGIN) * GB), int(2 * per_block_bytes))
+    return keep if keep >= per_block_bytes > 0 else 0
 
 
 def apply_auto(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
@@ -158,7 +162,8 @@ class AutoHandle(OffloadHandle):
         self.keep_on_device_bytes = 0  # of the chosen row
         self._trials = [(c, 0) for c in candidates]  # (candidate, keep_on_device_bytes) to measure
         self._trial = 0  # index into _trials
-        self._planned_peak = {}  # keep_on_device_bytes of a queued trial -> its predicted peak (GB)
+        self._planned_peak = {}  # (candidate, keep_on_device_bytes) of a queued trial -> predicted peak (GB)
+        self._keep_round = 0  # kept trials queued: 1 first tries, 2 retries with smaller windows
         self._steps = 0  # steps finished under the current candidate
         self._timed = []  # (seconds, peak allocated GB, bytes to host) of its timed steps
         self._started: Optional[float] = None
@@ -235,7 +240,7 @@ class AutoHandle(OffloadHandle):
                "step_s": min(t[0] for t in self._timed), "steps_s": [t[0] for t in self._timed],
                "bytes_to_host": self._timed[-1][2]}
         if keep:
-            row["predicted_peak_GB"] = self._planned_peak[keep]
+            row["predicted_peak_GB"] = self._planned_peak[(candidate, keep)]
         if cuda:
             row["peak_allocated_GB"] = max(t[1] for t in self._timed)
         self.plan.append(row)
@@ -244,39 +249,42 @@ class AutoHandle(OffloadHandle):
         self._steps = 0
         if self._trial == len(self._trials):
             self._find_budget()
-            self._plan_keep_trial()
+            self._plan_keep_trials()
         if self._trial < len(self._trials):
             self._switch(*self._trials[self._trial])
         else:
             self._decide()
 
-    def _plan_keep_trial(self) -> None:
-        """Queues a trial of the fastest fitting candidate with the newest saves kept on the GPU,
-        in the room its peak leaves under the budget (once; once more, smaller, if that trial's
-        peak went over)."""
+    def _plan_keep_trials(self) -> None:
+        """Queues trials of the fastest fitting offloading candidates (those within KEEP_TRY_WITHIN
+        of the fastest, at most KEEP_TRIES) with the newest saves kept on the GPU: a window of two
+        blocks' offloaded bytes, within the room under the budget. Then, once, a smaller window for
+        a kept trial whose peak went over."""
         if self.budget_gb is None or any("peak_allocated_GB" not in r for r in self.plan):
             return
-        last = self.plan[-1]
-        keep_rows = [r for r in self.plan if r["keep_on_device_GB"]]
-        if not keep_rows:
-            fitting = [r for r in self.plan if r["peak_allocated_GB"] <= self.budget_gb]
+        self._keep_round += 1
+        if self._keep_round == 1:
+            fitting = sorted((r for r in self.plan if r["peak_allocated_GB"] <= self.budget_gb),
+                             key=lambda r: r["step_s"])
             if not fitting:
                 return
-            best = min(fitting, key=lambda r: r["step_s"])
-            if best["candidate"] == "checkpointing" or not best["bytes_to_host"]:
-                return
-            candidate, keep = best["candidate"], keep_on_device_bytes_for(self.budget_gb, best["peak_allocated_GB"])
-            base_peak = best["peak_allocated_GB"]
-        elif len(keep_rows) == 1 and last is keep_rows[0] and last["peak_allocated_GB"] > self.budget_gb:
-            excess = last["peak_allocated_GB"] - self.budget_gb
-            candidate = last["candidate"]
-            keep = int(last["keep_on_device_bytes"] - excess * GB * (1 + KEEP_MARGIN))
-            keep = keep if keep >= MIN_KEEP_BYTES else 0
-            base_peak = last["predicted_peak_GB"] - last["keep_on_device_GB"]
-        else:
-            return
-        if keep:
-            self._planned_peak[keep] = base_peak + keep / GB
+            tries = [r for r in fitting if r["step_s"] <= fitting[0]["step_s"] * (1 + KEEP_TRY_WITHIN)
+                     and r["candidate"] != "checkpointing" and r["bytes_to_host"]][:KEEP_TRIES]
+            for row in tries:
+                per_block = row["bytes_to_host"] / max(1, len(self._blocks))
+                keep = keep_on_device_bytes_for(self.budget_gb, row["peak_allocated_GB"], per_block)
+                self._queue_keep_trial(row["candidate"], keep, row["peak_allocated_GB"])
+        elif self._keep_round == 2:
+            for row in [r for r in self.plan if r["keep_on_device_bytes"] and r["peak_allocated_GB"] > self.budget_gb]:
+                base = next(r for r in self.plan if r["candidate"] == row["candidate"] and not r["keep_on_device_bytes"])
+                excess = row["peak_allocated_GB"] - self.budget_gb
+                keep = int(row["keep_on_device_bytes"] - excess * GB * (1 + KEEP_MARGIN))
+                if keep >= base["bytes_to_host"] / max(1, len(self._blocks)):
+                    self._queue_keep_trial(row["candidate"], keep, base["peak_allocated_GB"])
+
+    def _queue_keep_trial(self, candidate: str, keep: int, base_peak_gb: float) -> None:
+        if keep > 0:
+            self._planned_peak[(candidate, keep)] = base_peak_gb + keep / GB
             self._trials.append((candidate, keep))
 
     def _find_budget(self) -> None:
