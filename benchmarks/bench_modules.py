@@ -4,11 +4,16 @@
 
 Per sequence length and variant (no offloading; modules mode with each --targets set, whose
 entries are fnmatch patterns or presets written preset:NAME):
-  - median step time and tokens/s; peak allocated / reserved GPU memory;
-  - GPU memory allocated at the end of forward (before backward), and its drop against no
+  - median step time (whole training steps, as a training loop runs them: nothing synchronised
+    between forward and backward) and tokens/s; peak allocated / reserved GPU memory over them;
+    with --rounds N the variants run N times interleaved and the median round counts;
+  - then one more step, not timed, whose forward ends with the copies finished (handle.report()):
+    GPU memory allocated at the end of forward (before backward), and its drop against no
     offloading: the bytes the device really got back;
   - the handle's report for that forward: expected_bytes (distinct storages offloaded) and
     freed_bytes (those the device no longer holds once the copies finished).
+(Until session 6 the timed steps themselves waited for the copies after forward: that put the
+forward's last copies, which backward overlaps in training, into every modules step.)
 Targets: freed >= 97% of expected; step time within 3% of no offloading where the transfer fits
 behind compute (bytes offloaded / pinned D2H bandwidth below the forward time).
 
@@ -48,33 +53,32 @@ def run_variant(model, targets, seq, args, keep_gb=0.0):
             handle.manager.reset_stats()
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        times, after_forward = [], []
+        times = []
         for _ in range(args.steps):
             sync(args.device)
             t = time.perf_counter()
-            loss = model(input_ids=ids, labels=ids).loss
-            if handle is not None:
-                report = handle.report()  # synchronizes the copies: outside the timed region
-            sync(args.device)
-            forward_s = time.perf_counter() - t
-            if args.device == "cuda":
-                after_forward.append(torch.cuda.memory_allocated() / GB)
-            t2 = time.perf_counter()
-            loss.backward()
+            model(input_ids=ids, labels=ids).loss.backward()
             model.zero_grad(set_to_none=True)
             sync(args.device)
-            times.append(forward_s + time.perf_counter() - t2)
-            del loss
+            times.append(time.perf_counter() - t)
         row = {"variant": label, "seq": seq, "step_s": statistics.median(times), "times_s": times}
         row["tokens_per_s"] = seq / row["step_s"]
         if args.device == "cuda":
             row["peak_allocated_GB"] = torch.cuda.max_memory_allocated() / GB
             row["peak_reserved_GB"] = torch.cuda.max_memory_reserved() / GB
-            row["allocated_after_forward_GB"] = statistics.median(after_forward)
         if handle is not None:
-            row["report"] = report
             row["stats"] = handle.stats()
             row["d2h_GB_per_step"] = row["stats"]["bytes_to_host"] / args.steps / GB
+        # The memory step: its forward ends once the copies have finished.
+        loss = model(input_ids=ids, labels=ids).loss
+        if handle is not None:
+            row["report"] = handle.report()  # waits for the copies
+        sync(args.device)
+        if args.device == "cuda":
+            row["allocated_after_forward_GB"] = torch.cuda.memory_allocated() / GB
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        del loss
         return row
     except torch.cuda.OutOfMemoryError:
         return {"variant": label, "seq": seq, "error": "OOM"}
@@ -83,6 +87,20 @@ def run_variant(model, targets, seq, args, keep_gb=0.0):
             handle.manager.empty_pool()
             handle.remove()
         release_memory(args.device)
+
+
+def add_round(runs, row):
+    """Adds a round's row: the first of its (variant, seq) as it is, a later one into the first's
+    step_s_rounds, step_s then their median (the other figures are the latest round's)."""
+    first = next((r for r in runs if (r["variant"], r["seq"]) == (row["variant"], row["seq"])), None)
+    if first is None or "error" in row or "error" in first:
+        if first is None:
+            row["step_s_rounds"] = [row["step_s"]] if "step_s" in row else []
+            runs.append(row)
+        return
+    rounds = first["step_s_rounds"] + [row["step_s"]]
+    first.update(row, step_s_rounds=rounds, step_s=statistics.median(rounds))
+    first["tokens_per_s"] = first["seq"] / first["step_s"]
 
 
 def evaluate(runs):
@@ -119,6 +137,7 @@ def main():
                    help="comma-separated patterns and preset:NAME (preset:qkv,preset:core_attn), one set "
                         "per flag (default: *.self_attn)")
     p.add_argument("--min-bytes", type=int, default=1 << 20)
+    p.add_argument("--rounds", type=int, default=1, help="run the variants this many times, interleaved")
     p.add_argument("--keep-gb", default="0",
                    help="comma-separated keep_on_device_bytes in GB: each target set runs with each (0: none kept)")
     args = finish_run_args(p.parse_args(), REFERENCE)
@@ -133,13 +152,15 @@ def main():
     model = build_llama(args.config, args.device, max(args.seq_list))
 
     t0 = time.time()
+    keeps = [float(k) for k in args.keep_gb.split(",")]
+    variants = [(None, 0.0)] + [(t, k) for t in target_sets for k in keeps]
     for seq in args.seq_list:
-        keeps = [float(k) for k in args.keep_gb.split(",")]
-        for targets, keep_gb in [(None, 0.0)] + [(t, k) for t in target_sets for k in keeps]:
-            row = run_variant(model, targets, seq, args, keep_gb)
-            result["runs"].append(row)
+        for _ in range(args.rounds):
+            for targets, keep_gb in variants:
+                row = run_variant(model, targets, seq, args, keep_gb)
+                log({k: v for k, v in row.items() if k not in ("stats", "times_s")}, f"{time.time() - t0:.0f}s")
+                add_round(result["runs"], row)
             evaluate(result["runs"])
-            log({k: v for k, v in row.items() if k not in ("stats", "times_s")}, f"{time.time() - t0:.0f}s")
             (out / f"modules_{name}.json").write_text(json.dumps(result, indent=1))
             (out / f"modules_{name}.md").write_text(markdown(result))
     print(markdown(result))

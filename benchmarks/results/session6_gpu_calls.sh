@@ -44,3 +44,34 @@ cp /tmp/sa/selective_h100.md $OUT/keep_auto_16k_h100.md; cp /tmp/sa/selective_h1
 timeout 200 python3 benchmarks/bench_selective.py --out /tmp/s64 --seqs 65536 --steps 2 --warmup 1 --variants ckpt,sel:attention+qkv+out_proj,sel:attention+qkv+out_proj@1.0 2>&1 | grep -E "^\| 65536" | head -5
 cp /tmp/s64/selective_h100.md $OUT/keep_64k_h100.md; cp /tmp/s64/selective_h100.json $OUT/keep_64k_h100.json
 # (.gpu/restore_cost.py is committed as benchmarks/results/restore_cost.py)
+
+# --- s6call4.sh (nvidia-h100-x1)
+# Session 6, call 4 (H100): auto at 16k in 3 interleaved rounds (each round plans again); host time per
+# offload op with the GPU busy on long products (op_host_cost.py fixed); bf16 gradients of all / sync /
+# disk / modules against the noise floor at 4k (after session 5's save-path change).
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 60 python3 benchmarks/op_host_cost.py --json $OUT/op_host_cost_long_products_h100.json 2>&1 | tail -3
+timeout 150 python3 benchmarks/bench_activations.py --out /tmp/act --seqs 4096 --variants none,modules --steps 3 --warmup 1 --soak-steps 2 2>&1 | grep -E "^\| 4096|Gradients" | head -6
+cp /tmp/act/activations_h100.md $OUT/noise_all_modules_h100.md; cp /tmp/act/activations_h100.json $OUT/noise_all_modules_h100.json
+timeout 300 python3 benchmarks/bench_selective.py --out /tmp/sa --seqs 16384 --rounds 3 --steps 3 --warmup 1 --variants ckpt,auto 2>&1 | grep -E "^\| 16384|auto \(" | head -8
+cp /tmp/sa/selective_h100.md $OUT/keep_auto_16k_rounds_h100.md; cp /tmp/sa/selective_h100.json $OUT/keep_auto_16k_rounds_h100.json
+
+# --- s6call5.sh (nvidia-h100-x1)
+# Session 6, call 5 (H100): modules *.self_attn with bench_modules timing whole training steps (the
+# forward no longer waits for its copies in the timed steps), 3 interleaved rounds, 0 / 0.15 GB kept.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 300 python3 benchmarks/bench_modules.py --out /tmp/mod --seqs 4096,16384 --steps 5 --rounds 3 --keep-gb 0,0.15 2>&1 | grep -E "^\| (4096|16384)" | head -8
+cp /tmp/mod/modules_h100.md $OUT/modules_whole_steps_h100.md; cp /tmp/mod/modules_h100.json $OUT/modules_whole_steps_h100.json
+
+# --- s6call6.sh (nvidia-h100-x1)
+# Session 6, call 6 (H100): modules *.self_attn at 4k in both benchmarks on one machine (bench_activations
+# measured 1.11x plain in call 4, bench_modules 1.44-1.51x in call 5 on another instance); host CPU model.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader; lscpu | grep -E "Model name|^CPU\(s\)"
+for i in 1 2; do
+timeout 100 python3 benchmarks/bench_activations.py --out /tmp/act --seqs 4096 --variants none,modules --steps 5 --warmup 1 --soak-steps 2 --no-noise 2>&1 | grep -E "^\| 4096" | head -3
+timeout 100 python3 benchmarks/bench_modules.py --out /tmp/mod --seqs 4096 --steps 5 --rounds 2 2>&1 | grep -E "^\| 4096" | head -3
+done
+cp /tmp/act/activations_h100.json $OUT/modules_4k_bench_activations_h100.json; cp /tmp/mod/modules_h100.json $OUT/modules_4k_bench_modules_h100.json
