@@ -75,3 +75,12 @@ timeout 100 python3 benchmarks/bench_activations.py --out /tmp/act --seqs 4096 -
 timeout 100 python3 benchmarks/bench_modules.py --out /tmp/mod --seqs 4096 --steps 5 --rounds 2 2>&1 | grep -E "^\| 4096" | head -3
 done
 cp /tmp/act/activations_h100.json $OUT/modules_4k_bench_activations_h100.json; cp /tmp/mod/modules_h100.json $OUT/modules_4k_bench_modules_h100.json
+
+# --- s6call7.sh (nvidia-h100-x1)
+# Session 6, call 7 (H100): where a 16k step's time goes under torch's checkpoint, hidden_states,
+# selective "attention" and torch's SAC: one profiled step each, the compute stream's busy time and
+# idle gaps from the trace (.gpu/gaps16k.py).
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 400 python3 .gpu/gaps16k.py 16384 ckpt,hidden,selective,torch_sac,ckpt,hidden 2>&1 | grep -v Warning | tee $OUT/gaps_16k_h100.log | tail -8
+# (.gpu/gaps16k.py is committed as benchmarks/results/gaps16k.py)
