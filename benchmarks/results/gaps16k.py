@@ -37,15 +37,17 @@ for variant in variants:
     streams = {}
     for e in events:
         if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e:
-            streams.setdefault(e["args"].get("stream", e.get("tid")), []).append((e["ts"], e["ts"] + e["dur"], e["cat"]))
+            streams.setdefault(e["args"].get("stream", e.get("tid")), []).append((e["ts"], e["ts"] + e["dur"], e["cat"], e.get("name", "")))
     compute = max(streams, key=lambda s: sum(1 for x in streams[s] if x[2] == "kernel"))
     rows = {}
     for s, spans in streams.items():
         spans.sort()
         busy, gaps, big, largest, end = 0.0, 0.0, 0, 0.0, None
-        for a, b, _ in spans:
+        listed = []
+        for i, (a, b, _, name) in enumerate(spans):
             if end is not None and a > end:
                 gap = a - end
+                listed.append((gap, (end - spans[0][0]) / 1e3, spans[i - 1][3][:50], name[:50]))
                 gaps += gap
                 big += gap > 50
                 largest = max(largest, gap)
@@ -53,6 +55,14 @@ for variant in variants:
             end = max(end or b, b)
         rows[s] = dict(ops=len(spans), busy_ms=round(busy / 1e3, 1), gaps_ms=round(gaps / 1e3, 1), gaps_over_50us=big,
                        largest_gap_ms=round(largest / 1e3, 2), span_ms=round((end - spans[0][0]) / 1e3, 1))
+        if s == max(streams, key=lambda k: len(streams[k])):
+            # The largest gaps of the compute stream: (gap ms, at ms from its first op, kernel before, kernel after).
+            rows[s]["largest_gaps"] = [(round(g / 1e3, 2), round(at, 1), before, after)
+                                       for g, at, before, after in sorted(listed, reverse=True)[:12]]
+            # Gaps by phase: forward (before the first kernel named *backward* or *Backward*) and backward.
+            first_bwd = next((a for a, _, _, n in spans if "backward" in n.lower()), None)
+            rows[s]["gaps_forward_ms"] = round(sum(g for g, at, _, _ in listed if first_bwd is None or at * 1e3 + spans[0][0] < first_bwd) / 1e3, 1)
+            rows[s]["gaps_backward_ms"] = round(rows[s]["gaps_ms"] - rows[s]["gaps_forward_ms"], 1)
     print(json.dumps({"variant": variant, "seq": seq, "wall_ms": round(wall * 1e3, 1), "compute_stream": compute,
                       "streams": rows}), flush=True)
     undo()

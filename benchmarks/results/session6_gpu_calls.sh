@@ -84,3 +84,9 @@ export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 400 python3 .gpu/gaps16k.py 16384 ckpt,hidden,selective,torch_sac,ckpt,hidden 2>&1 | grep -v Warning | tee $OUT/gaps_16k_h100.log | tail -8
 # (.gpu/gaps16k.py is committed as benchmarks/results/gaps16k.py)
+
+# --- s6call8.sh (nvidia-h100-x1)
+# Session 6, call 8 (H100): as call 7 for checkpointing and hidden_states, with where the largest idle gaps of the compute stream are (ms from the step start, the kernels around them) and gaps by phase.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 300 python3 .gpu/gaps16k.py 16384 ckpt,hidden,ckpt,hidden 2>&1 | grep -v Warning | tee $OUT/gaps_16k_where_h100.log | tail -8
