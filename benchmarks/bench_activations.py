@@ -3,7 +3,8 @@
 offloaded, no recompute) against no offloading and torch.autograd.graph.save_on_cpu.
 
 One process, one random-init LlamaForCausalLM (reference config of DESIGN.md, bf16, SDPA, batch 1):
-  0. variants: none, save_on_cpu, ours (all, sync, disk) and trl (TRL's OffloadActivations, what
+  0. variants: none, save_on_cpu, ours (all, sync, disk, modules; MODE:auto with the link budget,
+     keep_on_device_bytes="auto", MODE:GB with that many GB kept on the GPU) and trl (TRL's OffloadActivations, what
      SFTConfig(activation_offloading=True) runs; needs trl installed; hooks the model, so last);
   1. pinned host<->device bandwidth, measured here (the transfer bound uses it);
   2. per sequence length and variant: median step time, tokens/s, peak allocated / reserved GPU
@@ -78,10 +79,14 @@ def enable(model, variant, args):
         return (lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)), None
     if variant == "save_on_cpu":
         return (lambda: torch.autograd.graph.save_on_cpu(pin_memory=args.device == "cuda")), None
+    # MODE:KEEP: keep_on_device_bytes="auto" (the link budget) or KEEP GB (e.g. all:auto, all:2).
+    variant, _, keep = variant.partition(":")
+    kept = {} if not keep else dict(keep_on_device_bytes=keep if keep == "auto" else int(float(keep) * GB))
     if variant == "modules":
         return (lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)), torch_offload.apply(
-            model, "modules", targets=["*.self_attn"], min_bytes=args.min_bytes)
-    handle = torch_offload.apply(model, mode=variant, min_bytes=args.min_bytes, disk_dir=args.disk_dir if variant == "disk" else None)
+            model, "modules", targets=["*.self_attn"], min_bytes=args.min_bytes, **kept)
+    handle = torch_offload.apply(model, mode=variant, min_bytes=args.min_bytes,
+                                 disk_dir=args.disk_dir if variant == "disk" else None, **kept)
     return (lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)), handle
 
 
@@ -115,6 +120,9 @@ def run_variant(model, variant, seq, args):
             stats = torch_offload.stats(handle.manager)  # engine + hooks' counters
             row["stats"] = stats
             row.update(per_step_bytes(stats, args.steps))
+            if handle.link_budget is not None:
+                row["link_budget"] = handle.link_budget.history  # (bytes saved, forward s, window) per step
+            row["kept_on_device_GB"] = handle.manager.keep_on_device_bytes() / GB
         return row
     except torch.cuda.OutOfMemoryError:
         return {"variant": variant, "seq": seq, "error": "OOM"}
@@ -203,7 +211,8 @@ def markdown(result):
         ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
         ("distinct saved GB/step", "distinct_GB_per_step", "{:.2f}"), ("D2H GB/step", "d2h_GB_per_step", "{:.2f}"),
         ("H2D GB/step", "h2d_GB_per_step", "{:.2f}"), ("D2H / distinct (<= 1.05)", "copied_over_distinct", "{:.3f}"),
-        ("kept GB/step", "kept_GB_per_step", "{:.2f}"), ("compute wait ms/step", "compute_wait_ms_per_step", "{:.0f}"),
+        ("kept GB/step", "kept_GB_per_step", "{:.2f}"), ("window GB", "kept_on_device_GB", "{:.2f}"),
+        ("compute wait ms/step", "compute_wait_ms_per_step", "{:.0f}"),
         ("transfer bound s", "transfer_bound_s", "{:.3f}"), ("step / max(none, bound)", "ratio_to_bound", "{:.2f}")])
     lines += against_trl(result["runs"])
     n = result.get("noise")

@@ -32,13 +32,8 @@ Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> tr
   TORCH_CHECK(config.max_in_flight >= 0, "max_in_flight must be >= 0, got ", config.max_in_flight);
   TORCH_CHECK(config.prefetch_depth >= 0, "prefetch_depth must be >= 0, got ",
               config.prefetch_depth);
-  TORCH_CHECK(config.keep_on_device_bytes >= 0, "keep_on_device_bytes must be >= 0, got ",
-              config.keep_on_device_bytes);
-  TORCH_CHECK(
-      config.keep_on_device_bytes == 0 || (!config.synchronous && config.disk_dir.empty()),
-      "keep_on_device_bytes=", config.keep_on_device_bytes,
-      " is for asynchronous copies to host memory: it cannot be combined with ",
-      config.synchronous ? "synchronous=True (the \"sync\" mode)" : "disk_dir (the disk tier)");
+  check_keep_on_device_bytes(config.keep_on_device_bytes);
+  keep_limit_ = config.keep_on_device_bytes;
   transfer_ =
       transfer ? std::move(transfer) : std::shared_ptr<DeviceTransfer>(make_cuda_transfer());
   if (!allocator) allocator = make_default_host_allocator();

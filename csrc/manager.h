@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <list>
 #include <memory>
@@ -68,6 +69,10 @@ class Manager : public std::enable_shared_from_this<Manager> {
 
   int64_t id() const { return id_; }
   const ManagerConfig& config() const { return config_; }
+  // The window of saves kept on the device (ManagerConfig::keep_on_device_bytes), now and from
+  // here on: a smaller one copies its oldest entries out at once (manager_window.cpp).
+  int64_t keep_on_device_bytes() const { return keep_limit_.load(); }
+  void set_keep_on_device_bytes(int64_t bytes);
 
  private:
   // One live handle. Its bytes are in a tier (`stored`); the rest is what every tier shares.
@@ -138,6 +143,8 @@ class Manager : public std::enable_shared_from_this<Manager> {
                         bool kept);
 
   // The window of saves kept on the device (keep_on_device_bytes; manager_window.cpp).
+  // Throws a clear error for a window size this manager cannot take.
+  void check_keep_on_device_bytes(int64_t bytes) const;
   // Whether `src` (contiguous, on a device with a transfer) is kept instead of copied.
   bool keeps_on_device(const at::Tensor& src, const DeviceTransfer* transfer) const;
   // Adds `key` (its entry's kept_source set) to the window, then copies out the oldest entries
@@ -171,6 +178,7 @@ class Manager : public std::enable_shared_from_this<Manager> {
   std::list<const void*> save_order_;               // live entries, oldest first
   std::list<const void*> window_;                   // entries kept on the device, oldest first
   int64_t window_bytes_ = 0;
+  std::atomic<int64_t> keep_limit_{0};  // the window's size: config's, then set_keep_on_device_bytes
   OffloadStats counters_;  // the event counters part of the stats
 
   // Filled by the releaser's payloads: declared before it, so alive while it drains.

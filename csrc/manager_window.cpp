@@ -11,10 +11,27 @@
 
 namespace torch_offload {
 
+void Manager::check_keep_on_device_bytes(int64_t bytes) const {
+  TORCH_CHECK(bytes >= 0, "keep_on_device_bytes must be >= 0, got ", bytes);
+  TORCH_CHECK(bytes == 0 || (!config_.synchronous && config_.disk_dir.empty()),
+              "keep_on_device_bytes=", bytes,
+              " is for asynchronous copies to host memory: it cannot be combined with ",
+              config_.synchronous ? "synchronous=True (the \"sync\" mode)"
+                                  : "disk_dir (the disk tier)");
+}
+
+void Manager::set_keep_on_device_bytes(int64_t bytes) {
+  check_keep_on_device_bytes(bytes);
+  finished_sources_.drop();
+  std::lock_guard<std::mutex> lock(mutex_);
+  keep_limit_ = bytes;
+  while (window_bytes_ > bytes) evict_locked(entries_.at(window_.front()));
+}
+
 bool Manager::keeps_on_device(const at::Tensor& src, const DeviceTransfer* transfer) const {
   const auto nbytes = static_cast<int64_t>(src.nbytes());
-  return config_.keep_on_device_bytes > 0 && transfer != nullptr && nbytes > 0 &&
-         nbytes <= config_.keep_on_device_bytes;
+  const int64_t limit = keep_limit_.load();
+  return limit > 0 && transfer != nullptr && nbytes > 0 && nbytes <= limit;
 }
 
 void Manager::enter_window_locked(const void* key, Entry& entry) {
@@ -22,7 +39,7 @@ void Manager::enter_window_locked(const void* key, Entry& entry) {
   entry.window_pos = std::prev(window_.end());
   entry.in_window = true;
   window_bytes_ += static_cast<int64_t>(entry.kept_source.nbytes());
-  while (window_bytes_ > config_.keep_on_device_bytes) evict_locked(entries_.at(window_.front()));
+  while (window_bytes_ > keep_limit_.load()) evict_locked(entries_.at(window_.front()));
 }
 
 void Manager::leave_window_locked(Entry& entry) {

@@ -10,6 +10,8 @@ import torch
 
 import torch_offload
 from conftest import cuda_only
+from torch_offload import link_budget
+from torch_offload.link_budget import window_for
 from torch_offload.modes.auto import GB, keep_on_device_bytes_for
 from test_models import _llama_step, _steps_match_plain, _tiny_llama
 
@@ -132,4 +134,59 @@ def test_auto_tries_the_fastest_candidate_again_with_saves_kept_within_the_budge
     chosen = next(r for r in handle.plan if r["chosen"])
     assert handle.keep_on_device_bytes == chosen["keep_on_device_bytes"]
     assert handle.manager.keep_on_device_bytes() == chosen["keep_on_device_bytes"]
+    handle.remove()
+
+
+def test_the_window_can_be_resized_between_steps():
+    manager = torch_offload.OffloadManager()
+    manager.set_keep_on_device_bytes(1 << 20)
+    assert manager.keep_on_device_bytes() == 1 << 20
+    assert copy.deepcopy(manager).keep_on_device_bytes() == 1 << 20
+    with pytest.raises(RuntimeError, match="synchronous=True"):
+        torch_offload.OffloadManager(synchronous=True).set_keep_on_device_bytes(1 << 20)
+
+
+def test_the_link_budget_keeps_what_the_link_cannot_carry_during_the_forward():
+    assert window_for(10e9, 0.1, 0.0, 50e9) == int(5e9 * link_budget.MARGIN)  # 5 GB left over
+    assert window_for(4e9, 0.1, 0.0, 50e9) == 0  # the link carries it all
+    assert window_for(0, 0.1, 0.0, 50e9) == 0
+    # A forward of 0.2 s that stood 0.15 s waiting on copies computed for 0.05 s: 2.5 GB carried.
+    assert window_for(8e9, 0.2, 0.15, 50e9) == pytest.approx(5.5e9 * link_budget.MARGIN, abs=2)
+
+
+def test_auto_link_budget_is_for_the_modes_without_recompute():
+    model = _tiny_llama("cpu", 0.0)
+    for mode in ("hidden_states", "selective", "sync"):
+        with pytest.raises(ValueError, match="keep_on_device_bytes='auto'"):
+            torch_offload.apply(model, mode, keep_on_device_bytes="auto")
+    with pytest.raises(ValueError, match="keep_on_device_bytes='auto' is taken by"):
+        torch_offload.OffloadManager(keep_on_device_bytes="auto")
+    for mode, options in (("all", {}), ("modules", dict(targets=["*.self_attn"]))):
+        handle = torch_offload.apply(model, mode, keep_on_device_bytes="auto", min_bytes=0, **options)
+        ids = torch.randint(0, 256, (2, 32))
+        model(input_ids=ids, labels=ids).loss.backward()  # on CPU: nothing measured, nothing kept
+        assert handle.link_budget.history == [] and handle.manager.keep_on_device_bytes() == 0
+        handle.remove()
+        assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+@cuda_only
+@pytest.mark.parametrize("mode, options", [("all", dict(min_bytes=0)),
+                                           ("modules", dict(targets=["*.self_attn"], min_bytes=0))])
+def test_auto_link_budget_sizes_the_window_each_step_and_trains_as_before(mode, options, monkeypatch):
+    ours, plain = _tiny_llama("cuda", 0.0), _tiny_llama("cuda", 0.0)
+    handle = torch_offload.apply(ours, mode, keep_on_device_bytes="auto", **options)
+    _steps_match_plain(ours, plain, "cuda", steps=2)
+    (saved, seconds, stalled, window), = handle.link_budget.history  # measured after the first step
+    assert saved > 0 and seconds > 0 <= stalled and window == window_for(saved, seconds, stalled, link_budget.d2h_bandwidth(
+        torch.device("cuda")))
+    assert handle.manager.keep_on_device_bytes() == window
+    # A link of 1 byte/s carries nothing: the next steps keep every save on the GPU.
+    monkeypatch.setitem(link_budget._bandwidth, torch.cuda.current_device(), 1.0)
+    _steps_match_plain(ours, plain, "cuda", steps=2)
+    assert handle.link_budget.window >= saved
+    torch_offload.reset_stats(handle.manager)
+    _steps_match_plain(ours, plain, "cuda", steps=1)
+    stats = handle.stats()
+    assert stats["bytes_to_host"] == 0 and stats["restores_kept_on_device"] > 0
     handle.remove()

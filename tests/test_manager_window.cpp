@@ -156,6 +156,30 @@ TEST_F(ManagerTest, TensorsLargerThanTheWindowAreCopiedAsUsual) {
   EXPECT_EQ(stats().restores_kept_on_device, 0);
 }
 
+TEST_F(ManagerTest, TheWindowCanBeResizedBetweenSteps) {
+  make(make_config(8, 1, 0), Completion::kManual);  // no window to start with
+  EXPECT_EQ(manager_->keep_on_device_bytes(), 0);
+  manager_->set_keep_on_device_bytes(1200);
+  std::vector<at::Tensor> xs, hs;
+  for (int i = 0; i < 3; ++i) {
+    xs.push_back(make_tensor({100}, at::kFloat, i));
+    hs.push_back(save(xs.back()));
+  }
+  EXPECT_EQ(transfer_->count(Kind::kToHost), 0);
+  manager_->set_keep_on_device_bytes(400);  // smaller: the two oldest are copied out at once
+  auto to_host = transfer_->calls(Kind::kToHost);
+  ASSERT_EQ(to_host.size(), 2u);
+  EXPECT_EQ(to_host[0].host_ptr, hs[0].data_ptr());
+  EXPECT_EQ(to_host[1].host_ptr, hs[1].data_ptr());
+  EXPECT_EQ(stats().window_bytes, 400);
+  manager_->set_keep_on_device_bytes(0);
+  EXPECT_EQ(transfer_->count(Kind::kToHost), 3);
+  EXPECT_EQ(stats().window_bytes, 0);
+  transfer_->complete_all();
+  for (int i = 2; i >= 0; --i) EXPECT_TRUE(at::equal(restore(hs[i]), xs[i])) << i;
+  EXPECT_EQ(stats().restores_kept_on_device, 0);
+}
+
 TEST_F(ManagerTest, KeepOnDeviceIsRefusedWithSynchronousCopiesAndWithADiskTier) {
   auto transfer = std::make_shared<FakeTransfer>();
   ManagerConfig negative = window_config(-1);
@@ -169,6 +193,11 @@ TEST_F(ManagerTest, KeepOnDeviceIsRefusedWithSynchronousCopiesAndWithADiskTier) 
   disk.disk_dir = dir.path();
   error = error_of([&] { Manager::create(disk, transfer); });
   EXPECT_NE(error.find("disk_dir"), std::string::npos) << error;
+  synchronous.keep_on_device_bytes = 0;  // also when set later
+  auto manager = Manager::create(synchronous, transfer);
+  error = error_of([&] { manager->set_keep_on_device_bytes(1024); });
+  EXPECT_NE(error.find("synchronous=True"), std::string::npos) << error;
+  EXPECT_THROW(manager->set_keep_on_device_bytes(-1), c10::Error);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ TORCH_LIBRARY(offload, m) {
       .def("disk_only", &OffloadManager::disk_only)
       .def("release_sources_on_save", &OffloadManager::release_sources_on_save)
       .def("keep_on_device_bytes", &OffloadManager::keep_on_device_bytes)
+      .def("set_keep_on_device_bytes", &OffloadManager::set_keep_on_device_bytes)
       .def("_simulate_full_disk", &OffloadManager::simulate_full_disk)
       .def_pickle(
           [](const c10::intrusive_ptr<OffloadManager>& self) -> OffloadManager::State {

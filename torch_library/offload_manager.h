@@ -39,7 +39,8 @@ class OffloadManager : public torch::CustomClassHolder {
   std::string disk_dir() const { return manager_->config().disk_dir; }
   bool disk_only() const { return manager_->config().disk_only; }
   bool release_sources_on_save() const { return manager_->config().release_sources_on_save; }
-  int64_t keep_on_device_bytes() const { return manager_->config().keep_on_device_bytes; }
+  int64_t keep_on_device_bytes() const { return manager_->keep_on_device_bytes(); }
+  void set_keep_on_device_bytes(int64_t bytes) { manager_->set_keep_on_device_bytes(bytes); }
   // Test hook: make the disk tier's next writes fail with ENOSPC.
   void simulate_full_disk(bool full);
 

@@ -26,6 +26,7 @@ class OffloadHandle(NotPicklable):
         self.layers = layers  # LayerOffloadHandle with layer_offloading=True
         self.modules = modules  # ModuleOffloadHandle in "modules" mode
         self.chunked_loss = None  # ChunkedLossHandle with chunked_loss=
+        self.link_budget = None  # LinkBudget with keep_on_device_bytes="auto" (link_budget.py)
         self._wrappers: List[BlockForward] = []
         self._hook_handles = []  # torch.utils.hooks.RemovableHandle
         self._attributes = []  # (object, name, value apply() changed it from)

@@ -41,8 +41,14 @@ def OffloadManager(
         being copied; each is copied only when newer saves push it out. Backward restores the newest
         saves first, so a forward's last saves never cross the link: GPU memory spent where the link
         cannot carry the last copies of a forward before backward needs them (mode="auto" sizes it
-        from the memory budget). Not with synchronous or disk_dir.
+        from the memory budget; apply(mode="all" | "modules", keep_on_device_bytes="auto") from the
+        link, each step: torch_offload/link_budget.py). Not with synchronous or disk_dir. The
+        manager's set_keep_on_device_bytes(n) changes it between steps.
     """
+    if keep_on_device_bytes == "auto":
+        raise ValueError("torch_offload.OffloadManager: keep_on_device_bytes='auto' is taken by "
+                         "apply(mode='all' | 'modules'), which size the window from the link each step; "
+                         "OffloadManager takes a number of bytes (set_keep_on_device_bytes() changes it)")
     if node_host_budget_bytes:
         host_budget_bytes = node_budget.rank_share(node_host_budget_bytes, host_budget_bytes)
     manager = torch.classes.offload.OffloadManager(

@@ -90,3 +90,22 @@ timeout 400 python3 .gpu/gaps16k.py 16384 ckpt,hidden,selective,torch_sac,ckpt,h
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 300 python3 .gpu/gaps16k.py 16384 ckpt,hidden,ckpt,hidden 2>&1 | grep -v Warning | tee $OUT/gaps_16k_where_h100.log | tail -8
+
+# --- s6call9.sh (nvidia-h100-x1)
+# Session 6, call 9 (H100): the link budget (keep_on_device_bytes="auto": each step's window = what the
+# link could not carry during the forward) in `all` and `modules` modes at 4k and 16k, beside the same
+# modes without it, plain training and TRL 1.16's OffloadActivations (carried wheel), one process.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+python3 -m pip install -q --no-deps --no-index .whl/trl-1.16.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -1
+timeout 400 python3 benchmarks/bench_activations.py --out /tmp/act --seqs 4096,16384 --variants none,all,all:auto,modules,modules:auto,trl --skip trl@4096 --no-noise --soak-steps 2 --warmup 1 --steps 3 2>&1 | grep -E "^\| (4096|16384)|TRL" | head -16
+cp /tmp/act/activations_h100.md $OUT/link_budget_h100.md; cp /tmp/act/activations_h100.json $OUT/link_budget_h100.json
+
+# --- s6call10.sh (nvidia-h100-x1)
+# Session 6, call 10 (H100): the link budget after it subtracts the forward's stall on copies from its
+# time (call 9 sized every window 0: a link-bound forward takes as long as its copies), in `all` and
+# `modules` modes at 4k and 16k, beside the same modes without it and plain training, one process.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 400 python3 benchmarks/bench_activations.py --out /tmp/act --seqs 4096,16384 --variants none,all,all:auto,modules,modules:auto --no-noise --soak-steps 2 --warmup 2 --steps 3 2>&1 | grep -E "^\| (4096|16384)" | head -16
+cp /tmp/act/activations_h100.md $OUT/link_budget_stall_h100.md; cp /tmp/act/activations_h100.json $OUT/link_budget_stall_h100.json

@@ -4,17 +4,18 @@ from torch import nn
 
 from ..handle import OffloadHandle
 from ..modules import offload_modules
-from .options import ACTIVATION_OPTIONS, check_options
+from .options import ACTIVATION_OPTIONS, check_options, take_link_budget, watch_link
 
 
 def apply_modules(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
     check_options("modules", options, manager, ("targets", "presets") + ACTIVATION_OPTIONS)
-    options = dict(options)
+    options, link_budget = take_link_budget("modules", options)
     targets, presets = options.pop("targets", None), options.pop("presets", None)
     if not targets and not presets:
         raise ValueError("torch_offload.apply: mode='modules' needs targets=[name patterns or module classes] "
                          "and/or presets=[preset names, e.g. 'qkv', 'core_attn']")
     modules = offload_modules(model, targets or (), presets=presets or (), manager=manager, **options)
     handle = OffloadHandle(model, "modules", modules.manager, modules=modules)
+    watch_link(handle, model, link_budget)
     handle.disable_hf_checkpointing()  # offloaded activations need no recompute
     return handle

@@ -43,3 +43,26 @@ def check_use_reentrant(mode, value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"torch_offload.apply(mode={mode!r}): use_reentrant={value!r}; expected True or False")
     return value
+
+
+def take_link_budget(mode, options: dict):
+    """keep_on_device_bytes="auto" (modes "all" and "modules"): returns the options without it and
+    True, for watch_link; otherwise the options and False."""
+    if options.get("keep_on_device_bytes") != "auto":
+        return dict(options), False
+    if mode not in ("all", "modules"):
+        raise ValueError(f"torch_offload.apply(mode={mode!r}): keep_on_device_bytes='auto' sizes the window "
+                         "from the link each step in modes 'all' and 'modules'; here pass a number of bytes "
+                         "(mode='auto' sizes it for the checkpointing modes)")
+    options = dict(options)
+    del options["keep_on_device_bytes"]
+    return options, True
+
+
+def watch_link(handle, model, link_budget: bool) -> None:
+    """With keep_on_device_bytes="auto": handle.link_budget sizes the manager's window each step."""
+    if link_budget:
+        from ..link_budget import LinkBudget
+
+        handle.link_budget = LinkBudget(handle.manager)
+        handle.on_remove(*handle.link_budget.watch(model))
