@@ -178,7 +178,8 @@ class Manager : public std::enable_shared_from_this<Manager> {
   std::list<const void*> save_order_;               // live entries, oldest first
   std::list<const void*> window_;                   // entries kept on the device, oldest first
   int64_t window_bytes_ = 0;
-  std::atomic<int64_t> keep_limit_{0};  // the window's size: config's, then set_keep_on_device_bytes
+  std::atomic<int64_t> keep_limit_{
+      0};                  // the window's size: config's, then set_keep_on_device_bytes
   OffloadStats counters_;  // the event counters part of the stats
 
   // Filled by the releaser's payloads: declared before it, so alive while it drains.

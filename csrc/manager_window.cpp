@@ -13,11 +13,11 @@ namespace torch_offload {
 
 void Manager::check_keep_on_device_bytes(int64_t bytes) const {
   TORCH_CHECK(bytes >= 0, "keep_on_device_bytes must be >= 0, got ", bytes);
-  TORCH_CHECK(bytes == 0 || (!config_.synchronous && config_.disk_dir.empty()),
-              "keep_on_device_bytes=", bytes,
-              " is for asynchronous copies to host memory: it cannot be combined with ",
-              config_.synchronous ? "synchronous=True (the \"sync\" mode)"
-                                  : "disk_dir (the disk tier)");
+  TORCH_CHECK(
+      bytes == 0 || (!config_.synchronous && config_.disk_dir.empty()),
+      "keep_on_device_bytes=", bytes,
+      " is for asynchronous copies to host memory: it cannot be combined with ",
+      config_.synchronous ? "synchronous=True (the \"sync\" mode)" : "disk_dir (the disk tier)");
 }
 
 void Manager::set_keep_on_device_bytes(int64_t bytes) {
