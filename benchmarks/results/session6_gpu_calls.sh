@@ -109,3 +109,12 @@ export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 400 python3 benchmarks/bench_activations.py --out /tmp/act --seqs 4096,16384 --variants none,all,all:auto,modules,modules:auto --no-noise --soak-steps 2 --warmup 2 --steps 3 2>&1 | grep -E "^\| (4096|16384)" | head -16
 cp /tmp/act/activations_h100.md $OUT/link_budget_stall_h100.md; cp /tmp/act/activations_h100.json $OUT/link_budget_stall_h100.json
+
+# --- s6call11.sh (nvidia-h100-x1)
+# Session 6, call 11 (H100): C++ tests with CUDA and the CUDA pytest cases of the window, the link budget
+# and auto, on the final build.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$PWD/build
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 100 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest.log 2>&1; echo "gtest rc=$?"; tail -3 $OUT/gtest.log
+(cd python_tests && timeout 300 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda . 2>&1 | tail -15) > $OUT/pytest_cuda_all.log; tail -4 $OUT/pytest_cuda_all.log
