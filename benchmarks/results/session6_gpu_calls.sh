@@ -118,3 +118,11 @@ export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 100 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest.log 2>&1; echo "gtest rc=$?"; tail -3 $OUT/gtest.log
 (cd python_tests && timeout 300 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda . 2>&1 | tail -15) > $OUT/pytest_cuda_all.log; tail -4 $OUT/pytest_cuda_all.log
+
+# --- s6call12.sh (nvidia-h100-x1)
+# Session 6, call 12 (H100): hidden_states against torch's checkpoint at 16k and 32k, 3 interleaved
+# rounds, also with a 0.14 GB window (the last block inputs kept: no wait at the turn to backward).
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 400 python3 benchmarks/bench_selective.py --out /tmp/hs --seqs 16384,32768 --rounds 3 --steps 3 --warmup 1 --variants ckpt,hidden,hidden@0.14 2>&1 | grep -E "^\| (16384|32768)" | head -8
+cp /tmp/hs/selective_h100.md $OUT/hidden_16k_32k_rounds_h100.md; cp /tmp/hs/selective_h100.json $OUT/hidden_16k_32k_rounds_h100.json
