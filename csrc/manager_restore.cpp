@@ -76,12 +76,20 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
       bytes = entry.stored->bytes_for_restore();  // in host memory: no wait
     } else {
       // The tier waits for IO: without the lock, so other handles go on meanwhile. A read-ahead
-      // finishing meanwhile may let a device prefetch of this entry start: this copy serves.
+      // finishing meanwhile may let a device prefetch of this entry start: this copy serves, and
+      // the prefetched tensor goes once its copy, which still writes it, has finished.
       const std::shared_ptr<StoredTensor> stored = entry.stored;
       lock.unlock();
       bytes = stored->bytes_for_restore();
       lock.lock();
-      entry.prefetched = at::Tensor();
+      if (entry.prefetched.defined()) {
+        const FencePtr done = entry.prefetch_done;
+        releaser_.release_after(
+            [done] { done->synchronize(); },
+            [unused = std::move(entry.prefetched)]() mutable { unused = at::Tensor(); },
+            /*counts_in_flight=*/false);
+        entry.prefetched = at::Tensor();
+      }
     }
     if (bytes.read_ahead) counters_.prefetch_hits++;
     try {
