@@ -126,3 +126,11 @@ export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 400 python3 benchmarks/bench_selective.py --out /tmp/hs --seqs 16384,32768 --rounds 3 --steps 3 --warmup 1 --variants ckpt,hidden,hidden@0.14 2>&1 | grep -E "^\| (16384|32768)" | head -8
 cp /tmp/hs/selective_h100.md $OUT/hidden_16k_32k_rounds_h100.md; cp /tmp/hs/selective_h100.json $OUT/hidden_16k_32k_rounds_h100.json
+
+# --- s6call13.sh (nvidia-h100-x1)
+# Session 6, call 13 (H100): C++ tests with CUDA after the disk-restore prefetch fix, three times.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$PWD/build
+nvidia-smi --query-gpu=name --format=csv,noheader
+for i in 1 2 3; do timeout 100 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest_$i.log 2>&1; echo "gtest rc=$?"; tail -1 $OUT/gtest_$i.log; done
+(cd python_tests && timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_keep_on_device.py test_disk_files.py test_activations.py 2>&1 | tail -4) > $OUT/pytest_cuda.log; tail -2 $OUT/pytest_cuda.log
