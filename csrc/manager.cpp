@@ -146,7 +146,7 @@ at::Tensor Manager::save(const at::Tensor& x) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (tier_index > 1) counters_.spills++;  // the first tier declined it
   if (kept) entry.kept_source = src;
-  add_entry_locked(handle.storage().data_ptr().get_context(), std::move(entry), x, copy, kept);
+  add_entry_locked(handle.storage().data_ptr().get_context(), std::move(entry), x, copy);
   return handle;
 }
 
@@ -186,7 +186,7 @@ Manager::ToHostCopy Manager::start_copy_to_host(const at::Tensor& src, const at:
 }
 
 void Manager::add_entry_locked(const void* key, Entry entry, const at::Tensor& x,
-                               const ToHostCopy& copy, bool kept) {
+                               const ToHostCopy& copy) {
   entry.source_device = with_index(x.device());
   if (x.unsafeGetTensorImpl()->version_counter().enabled()) {
     entry.version_counter = x.unsafeGetTensorImpl()->version_counter();
@@ -200,7 +200,7 @@ void Manager::add_entry_locked(const void* key, Entry entry, const at::Tensor& x
   Entry& added = entries_.emplace(key, std::move(entry)).first->second;
   counters_.saves++;
   counters_.host_wait_ms += copy.host_wait_ms;
-  if (kept) {
+  if (added.kept_source.defined()) {
     enter_window_locked(key, added);  // counted in bytes_to_host if and when it is copied
   } else {
     counters_.bytes_to_host += static_cast<int64_t>(x.nbytes());

@@ -138,9 +138,8 @@ class Manager : public std::enable_shared_from_this<Manager> {
   // The asynchronous copy of copy_to_host, without waiting for the in-flight bound.
   ToHostCopy start_copy_to_host(const at::Tensor& src, const at::Tensor& dst,
                                 DeviceTransfer* transfer);
-  // `kept`: `x` goes into the window of saves kept on the device (manager_window.cpp).
-  void add_entry_locked(const void* key, Entry entry, const at::Tensor& x, const ToHostCopy& copy,
-                        bool kept);
+  // An entry with its kept_source set goes into the window of saves kept on the device.
+  void add_entry_locked(const void* key, Entry entry, const at::Tensor& x, const ToHostCopy& copy);
 
   // The window of saves kept on the device (keep_on_device_bytes; manager_window.cpp).
   // Throws a clear error for a window size this manager cannot take.

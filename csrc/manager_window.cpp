@@ -51,7 +51,6 @@ void Manager::leave_window_locked(Entry& entry) {
 void Manager::evict_locked(Entry& entry) {
   if (entry.in_window) leave_window_locked(entry);
   const at::Tensor src = std::move(entry.kept_source);  // the copy's source slot holds it now
-  entry.kept_source = at::Tensor();
   const at::Tensor destination =
       at::from_blob(entry.stored->destination(), src.sizes(), src.options().device(c10::kCPU));
   const ToHostCopy copy = start_copy_to_host(src, destination, transfer_for(entry.source_device));

@@ -134,3 +134,12 @@ export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch
 nvidia-smi --query-gpu=name --format=csv,noheader
 for i in 1 2 3; do timeout 100 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest_$i.log 2>&1; echo "gtest rc=$?"; tail -1 $OUT/gtest_$i.log; done
 (cd python_tests && timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_keep_on_device.py test_disk_files.py test_activations.py 2>&1 | tail -4) > $OUT/pytest_cuda.log; tail -2 $OUT/pytest_cuda.log
+
+# --- s6call14.sh (nvidia-h100-x1)
+# Session 6, call 14 (H100): after the review (auto's predicted peak derived from the plan; the window's
+# entry flag derived from its kept source): C++ tests with CUDA and the CUDA cases of the window and auto.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$PWD/build
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 100 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest.log 2>&1; echo "gtest rc=$?"; tail -1 $OUT/gtest.log
+(cd python_tests && timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_keep_on_device.py test_auto.py test_activations.py test_selective.py 2>&1 | tail -4) > $OUT/pytest_cuda.log; tail -2 $OUT/pytest_cuda.log

@@ -162,7 +162,6 @@ class AutoHandle(OffloadHandle):
         self.keep_on_device_bytes = 0  # of the chosen row
         self._trials = [(c, 0) for c in candidates]  # (candidate, keep_on_device_bytes) to measure
         self._trial = 0  # index into _trials
-        self._planned_peak = {}  # (candidate, keep_on_device_bytes) of a queued trial -> predicted peak (GB)
         self._keep_round = 0  # kept trials queued: 1 first tries, 2 retries with smaller windows
         self._steps = 0  # steps finished under the current candidate
         self._timed = []  # (seconds, peak allocated GB, bytes to host) of its timed steps
@@ -239,10 +238,10 @@ class AutoHandle(OffloadHandle):
         row = {"candidate": candidate, "keep_on_device_bytes": keep, "keep_on_device_GB": keep / GB,
                "step_s": min(t[0] for t in self._timed), "steps_s": [t[0] for t in self._timed],
                "bytes_to_host": self._timed[-1][2]}
-        if keep:
-            row["predicted_peak_GB"] = self._planned_peak[(candidate, keep)]
         if cuda:
             row["peak_allocated_GB"] = max(t[1] for t in self._timed)
+            if keep:  # the candidate's own peak plus what the window keeps
+                row["predicted_peak_GB"] = self._without_window(candidate)["peak_allocated_GB"] + keep / GB
         self.plan.append(row)
         self._timed = []
         self._trial += 1
@@ -271,21 +270,22 @@ class AutoHandle(OffloadHandle):
             tries = [r for r in fitting if r["step_s"] <= fitting[0]["step_s"] * (1 + KEEP_TRY_WITHIN)
                      and r["candidate"] != "checkpointing" and r["bytes_to_host"]][:KEEP_TRIES]
             for row in tries:
-                per_block = row["bytes_to_host"] / max(1, len(self._blocks))
-                keep = keep_on_device_bytes_for(self.budget_gb, row["peak_allocated_GB"], per_block)
-                self._queue_keep_trial(row["candidate"], keep, row["peak_allocated_GB"])
+                keep = keep_on_device_bytes_for(self.budget_gb, row["peak_allocated_GB"], self._per_block_bytes(row))
+                if keep:
+                    self._trials.append((row["candidate"], keep))
         elif self._keep_round == 2:
             for row in [r for r in self.plan if r["keep_on_device_bytes"] and r["peak_allocated_GB"] > self.budget_gb]:
-                base = next(r for r in self.plan if r["candidate"] == row["candidate"] and not r["keep_on_device_bytes"])
                 excess = row["peak_allocated_GB"] - self.budget_gb
                 keep = int(row["keep_on_device_bytes"] - excess * GB * (1 + KEEP_MARGIN))
-                if keep >= base["bytes_to_host"] / max(1, len(self._blocks)):
-                    self._queue_keep_trial(row["candidate"], keep, base["peak_allocated_GB"])
+                if keep > 0 and keep >= self._per_block_bytes(self._without_window(row["candidate"])):
+                    self._trials.append((row["candidate"], keep))
 
-    def _queue_keep_trial(self, candidate: str, keep: int, base_peak_gb: float) -> None:
-        if keep > 0:
-            self._planned_peak[(candidate, keep)] = base_peak_gb + keep / GB
-            self._trials.append((candidate, keep))
+    def _without_window(self, candidate: str) -> dict:
+        """The plan's row of `candidate` measured without a window."""
+        return next(r for r in self.plan if r["candidate"] == candidate and not r["keep_on_device_bytes"])
+
+    def _per_block_bytes(self, row: dict) -> float:
+        return row["bytes_to_host"] / max(1, len(self._blocks))
 
     def _find_budget(self) -> None:
         measured = [r for r in self.plan if "peak_allocated_GB" in r]
