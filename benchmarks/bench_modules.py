@@ -6,7 +6,8 @@ Per sequence length and variant (no offloading; modules mode with each --targets
 entries are fnmatch patterns or presets written preset:NAME):
   - median step time (whole training steps, as a training loop runs them: nothing synchronised
     between forward and backward) and tokens/s; peak allocated / reserved GPU memory over them;
-    with --rounds N the variants run N times interleaved and the median round counts;
+    with --rounds N the variants run N times interleaved and the round with the median step counts
+    (every round in the JSON's round_runs);
   - then one more step, not timed, whose forward ends with the copies finished (handle.report()):
     GPU memory allocated at the end of forward (before backward), and its drop against no
     offloading: the bytes the device really got back;
@@ -31,8 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, log, new_result,  # noqa: E402
-                               release_memory, short_gpu_name, sync, table)
+from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, log,  # noqa: E402
+                               median_rounds, new_result, release_memory, short_gpu_name, sync, table)
 
 def run_variant(model, targets, seq, args, keep_gb=0.0):
     # "preset:NAME" in a --targets set is the preset NAME (presets=), the rest are patterns
@@ -89,20 +90,6 @@ def run_variant(model, targets, seq, args, keep_gb=0.0):
         release_memory(args.device)
 
 
-def add_round(runs, row):
-    """Adds a round's row: the first of its (variant, seq) as it is, a later one into the first's
-    step_s_rounds, step_s then their median (the other figures are the latest round's)."""
-    first = next((r for r in runs if (r["variant"], r["seq"]) == (row["variant"], row["seq"])), None)
-    if first is None or "error" in row or "error" in first:
-        if first is None:
-            row["step_s_rounds"] = [row["step_s"]] if "step_s" in row else []
-            runs.append(row)
-        return
-    rounds = first["step_s_rounds"] + [row["step_s"]]
-    first.update(row, step_s_rounds=rounds, step_s=statistics.median(rounds))
-    first["tokens_per_s"] = first["seq"] / first["step_s"]
-
-
 def evaluate(runs):
     none = {r["seq"]: r for r in runs if r["variant"] == "none" and "error" not in r}
     for r in runs:
@@ -154,12 +141,14 @@ def main():
     t0 = time.time()
     keeps = [float(k) for k in args.keep_gb.split(",")]
     variants = [(None, 0.0)] + [(t, k) for t in target_sets for k in keeps]
+    result["round_runs"] = []  # every round's row; "runs" holds the median round of each
     for seq in args.seq_list:
         for _ in range(args.rounds):
             for targets, keep_gb in variants:
                 row = run_variant(model, targets, seq, args, keep_gb)
                 log({k: v for k, v in row.items() if k not in ("stats", "times_s")}, f"{time.time() - t0:.0f}s")
-                add_round(result["runs"], row)
+                result["round_runs"].append(row)
+            result["runs"] = median_rounds(result["round_runs"])
             evaluate(result["runs"])
             (out / f"modules_{name}.json").write_text(json.dumps(result, indent=1))
             (out / f"modules_{name}.md").write_text(markdown(result))

@@ -40,7 +40,8 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
 from benchmarks.common import (GB, LLAMA3_8B, REFERENCE, add_run_args, build_llama, finish_run_args, flat_grads,  # noqa: E402
-                               log, new_result, release_memory, short_gpu_name, sync, table, timed_steps)
+                               log, median_rounds, new_result, release_memory, short_gpu_name, sync, table,
+                               timed_steps)
 from torch_offload import policies  # noqa: E402
 
 VARIANTS = ("ckpt", "ckpt_re", "torch_sac", "hidden", "hidden_re", "selective", "selective_re", "selective_qkv",
@@ -155,28 +156,8 @@ def run_variant(model, variant, seq, args):
         release_memory(args.device)
 
 
-def summarize(result):
-    """One row per (variant, seq): the median over rounds of step time (--rounds interleaves the
-    variants, so that drift of the machine falls on all of them alike)."""
-    groups = {}
-    for r in result["runs"]:
-        if "error" not in r:
-            groups.setdefault((r["variant"], r["seq"]), []).append(r)
-    rows = []
-    for (variant, seq), runs in groups.items():
-        runs = sorted(runs, key=lambda r: r["step_s"])
-        row = dict(runs[len(runs) // 2])
-        row["rounds"] = len(runs)
-        row["step_s_rounds"] = [r["step_s"] for r in runs]
-        rows.append(row)
-    for r in result["runs"]:
-        if "error" in r and (r["variant"], r["seq"]) not in groups:
-            rows.append(r)
-    return rows
-
-
 def evaluate(result):
-    result["summary"] = summarize(result)
+    result["summary"] = median_rounds(result["runs"])
     by = {(r["variant"], r["seq"]): r for r in result["summary"] if "error" not in r}
     result["checks"] = []
     for seq in sorted({r["seq"] for r in result["runs"]}):

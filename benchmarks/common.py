@@ -36,3 +36,24 @@ def finish_run_args(args, shape: dict, tiny_shape: dict = TINY, tiny_seqs: str =
 def flat_grads(model) -> torch.Tensor:
     """Every parameter gradient of `model`, in fp32, as one vector (for relative errors)."""
     return torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+
+
+def median_rounds(runs: list) -> list:
+    """One row per (variant, seq) of `runs` (every round of --rounds, which interleaves the variants
+    so that drift of the machine falls on all of them alike): the round with the median step time,
+    with `rounds` and every round's `step_s_rounds`; a failed run stands where no round succeeded."""
+    groups = {}
+    for r in runs:
+        if "error" not in r:
+            groups.setdefault((r["variant"], r["seq"]), []).append(r)
+    rows = []
+    for rounds in groups.values():
+        rounds = sorted(rounds, key=lambda r: r["step_s"])
+        row = dict(rounds[len(rounds) // 2])
+        row["rounds"] = len(rounds)
+        row["step_s_rounds"] = [r["step_s"] for r in rounds]
+        rows.append(row)
+    for r in runs:
+        if "error" in r and (r["variant"], r["seq"]) not in groups:
+            rows.append(r)
+    return rows
