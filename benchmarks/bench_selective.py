@@ -20,6 +20,9 @@ batch 1), forward+backward with labels=input_ids, at each sequence length in --s
   VARIANT@GB  an offloading variant with keep_on_device_bytes=GB*1e9: the newest saves stay on the
               GPU uncopied (e.g. sel:attention+qkv+out_proj@1.3)
 
+--chunked-loss: every variant (checkpointing too) computes the loss in chunks of 2048 tokens
+(torch_offload.chunk_lm_loss): no logits are materialised.
+
 Per run: median step time, tokens/s, peak allocated / reserved GPU memory, the manager's statistics;
 per sequence length: tokens/s ratio and peak allocated difference versus ckpt, and the issue's targets
 for selective (>= 1.08x ckpt at 16k, >= 1.15x at 64k, >= 1.00x at 4k; peak allocated <= hidden + 0.5 GB).
@@ -134,7 +137,7 @@ def run_variant(model, variant, seq, args):
     try:
         for _ in range(args.warmup):
             step()
-        for _ in range(30):  # auto: its trial steps, then one more step closes the last trial
+        for _ in range(80):  # auto: its trial steps, then one more step closes the last trial
             if getattr(handle, "planned", True):
                 break
             step()
@@ -198,6 +201,7 @@ def markdown(result):
             budget = r.get("auto_budget_GB")
             lines += ["", f"seq {r['seq']} auto (budget {'-' if budget is None else f'{budget:.2f} GB'}): " + "; ".join(
                 f"{p['candidate']}" + (f" keeping {p['keep_on_device_GB']:.2f} GB" if p.get("keep_on_device_GB") else "")
+                + (f" with the last {p['tail_blocks']} blocks unchecked" if p.get("tail_blocks") else "")
                 + f" {p['step_s']:.3f} s"
                 + (f" {p['peak_allocated_GB']:.2f} GB" if "peak_allocated_GB" in p else "")
                 + (" (chosen)" if p["chosen"] else "") for p in r["auto_plan"])]
@@ -219,6 +223,7 @@ def main():
     p.add_argument("--variants", default="ckpt,torch_sac,hidden,selective,selective_qkv,auto")
     p.add_argument("--rounds", type=int, default=1, help="run the variants this many times, interleaved")
     p.add_argument("--shape", default="reference", choices=("reference", "llama3_8b"))
+    p.add_argument("--chunked-loss", action="store_true", help="every variant computes its loss in chunks")
     p.add_argument("--noise-seq", type=int, default=0,
                    help="first compare gradients at this length against the noise floor (0: skip)")
     parsed = p.parse_args()
@@ -230,8 +235,11 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = short_gpu_name(args.device) + ("_llama3_8b" if args.shape == "llama3_8b" else "")
+    name += "_chunked_loss" if args.chunked_loss else ""
     result = new_result(args)
     model = build_llama(args.config, args.device, max(args.seq_list + [args.noise_seq]))
+    if args.chunked_loss:
+        torch_offload.chunk_lm_loss(model)
 
     def write():
         (out / f"selective_{name}.json").write_text(json.dumps(result, indent=1))

@@ -7,7 +7,8 @@ why a variant frees less than it should (compiled graphs, FSDP2).
 Variants (comma-separated, one process, same model shape):
   ckpt_eager, ours_eager               torch checkpointing / apply(mode="hidden_states")
   ckpt_compiled, ours_compiled         torch.compile + checkpointing / torch_offload.compile(hidden_states)
-  ours_selective_compiled              torch_offload.compile(model, "selective") (policy "attention")
+  ours_selective_compiled              torch_offload.compile(model, "selective") (policy "attention");
+  ours_selective_compiled_prefetchN    the same with a manager that prefetches N saves ahead
   fsdp_ckpt, fsdp_ours_before, fsdp_ours_after
                                        FSDP2 on a 1-rank NCCL group (fully_shard per layer + root):
                                        checkpointing / apply before / after fully_shard
@@ -71,9 +72,21 @@ def timeline(snapshot, baseline: int, points: int = 1500) -> list:
     return [round(max(series[i:i + stride]), 4) for i in range(0, len(series), stride)]
 
 
+def _category(index: int, backward_start: int, size: int, frames, stream) -> str:
+    """A coarse class for a live allocation, to compare two variants' peaks: when it was allocated,
+    on which stream, by our restore op or not, and its size."""
+    if index < backward_start:
+        return "allocated in forward"
+    if stream:
+        return "backward, side stream (prefetched restores)"
+    if any("offload_restore" in linecache.getline(f.get("filename", ""), f.get("line", 0)) for f in frames[:3]):
+        return "backward, offload_restore"
+    return "backward, " + (">= 100 MB" if size >= 100e6 else ">= 10 MB" if size >= 10e6 else "< 10 MB")
+
+
 def analyse(snapshot, baseline: int, marks: dict, top: int = 14) -> dict:
     """Replays the allocation trace: peak per phase (forward = events before the backward mark)
-    and the live allocations at each peak, grouped by allocating line."""
+    and the live allocations at each peak, grouped by allocating line and by _category."""
     trace = snapshot["device_traces"][0]
     live, total = {}, 0
     phase_peaks = {}
@@ -81,7 +94,7 @@ def analyse(snapshot, baseline: int, marks: dict, top: int = 14) -> dict:
     for i, ev in enumerate(trace):
         action = ev["action"]
         if action == "alloc":
-            live[ev["addr"]] = (ev["size"], ev.get("frames", []), ev.get("stream", 0))
+            live[ev["addr"]] = (ev["size"], ev.get("frames", []), ev.get("stream", 0), i)
             total += ev["size"]
         elif action == "free_completed":
             entry = live.pop(ev["addr"], None)
@@ -94,15 +107,19 @@ def analyse(snapshot, baseline: int, marks: dict, top: int = 14) -> dict:
             phase_peaks[phase] = (total, dict(live), i)
     out = {}
     for phase, (peak, live_at_peak, index) in phase_peaks.items():
-        groups = defaultdict(lambda: [0, 0])
-        for size, frames, stream in live_at_peak.values():
+        groups, categories = defaultdict(lambda: [0, 0]), defaultdict(lambda: [0, 0])
+        for size, frames, stream, allocated_at in live_at_peak.values():
             key = _describe(_site(frames)) + (f" [stream {stream}]" if stream else "")
             groups[key][0] += size
             groups[key][1] += 1
+            category = categories[_category(allocated_at, backward_start, size, frames, stream)]
+            category[0] += size
+            category[1] += 1
         ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]
         out[phase] = {"peak_GB": (baseline + peak) / GB, "traced_GB": peak / GB, "event": index,
                       "events": len(trace),
-                      "top": [{"GB": b / GB, "count": n, "site": k} for k, (b, n) in ranked]}
+                      "top": [{"GB": b / GB, "count": n, "site": k} for k, (b, n) in ranked],
+                      "categories": {k: {"GB": b / GB, "count": n} for k, (b, n) in sorted(categories.items())}}
     return out
 
 
@@ -148,8 +165,11 @@ def build_variant(variant, config, seq):
         step_model = torch.compile(model, fullgraph=True, dynamic=False)
     elif variant == "ours_compiled":
         step_model = torch_offload.compile(model, "hidden_states", fullgraph=True, dynamic=False)
-    elif variant == "ours_selective_compiled":
-        step_model = torch_offload.compile(model, "selective", fullgraph=True, dynamic=False)
+    elif variant.startswith("ours_selective_compiled"):  # _prefetchN: a manager prefetching N saves
+        depth = variant.rpartition("_prefetch")[2]
+        manager = (torch_offload.OffloadManager(prefetch_depth=int(depth), release_sources_on_save=True)
+                   if depth.isdigit() else None)
+        step_model = torch_offload.compile(model, "selective", fullgraph=True, dynamic=False, manager=manager)
     return model, step_model, handle
 
 
@@ -185,7 +205,7 @@ def run(args, variant, seq, out: Path):
     row = {"variant": variant, "seq": seq, "warm_s": warm_s, "baseline_GB": baseline / GB,
            "forward_peak_GB": fwd_peak / GB, "step_peak_GB": torch.cuda.max_memory_allocated() / GB,
            "boundary_GB": args.config["layers"] * seq * args.config["hidden"] * 2 / GB}
-    row["phases"] = analyse(snapshot, baseline, marks)
+    row["phases"] = analyse(snapshot, baseline, marks, args.top)
     if handle is not None or hasattr(step_model, "offload_partitioner"):
         manager = handle.manager if handle is not None else step_model.offload_partitioner.manager
         row["stats"] = {k: v for k, v in dict(manager.stats()).items()}
@@ -203,6 +223,8 @@ def print_row(row):
           flush=True)
     for phase, info in row["phases"].items():
         print(f"  -- {phase} peak {info['peak_GB']:.2f} GB at event {info['event']}/{info['events']}")
+        for name, c in info.get("categories", {}).items():
+            print(f"     [{name}] {c['GB']:.3f} GB in {c['count']}")
         for g in info["top"]:
             print(f"     {g['GB']:7.3f} GB x{g['count']:<4d} {g['site']}")
     if "stats" in row:
@@ -218,6 +240,7 @@ def main():
     p.add_argument("--layers", type=int, default=REFERENCE["layers"])
     p.add_argument("--out", default="peak_memory_out")
     p.add_argument("--pickles", action="store_true")
+    p.add_argument("--top", type=int, default=14, help="allocating lines listed at each peak")
     args = p.parse_args()
     args.config = dict(REFERENCE, layers=args.layers)
     out = Path(args.out)

@@ -23,11 +23,18 @@ table. On CPU there is no peak to read and the budget is not checked.
 Memory the budget leaves over is spent on the link: the fastest offloading candidates that fit
 (those within 3% of the fastest, at most two) run once more with the newest saves kept on the GPU
 (OffloadManager's keep_on_device_bytes: two blocks' offloaded bytes, within the room under the
-budget; predicted peak = the candidate's peak plus the kept bytes). A forward's last saves, which
+budget until the last blocks' backward, the early peak of auto_tail.py; predicted peak = the
+candidate's early peak plus the kept bytes, or its peak where that is higher). A forward's last saves, which
 backward needs first, then never cross the link: where the link is full at the end of the forward
 (16k, "attention+qkv+out_proj") that was 1.8% of the step. A kept trial whose peak exceeds the
-budget runs once more with the window shrunk by the excess. The fastest row within the budget is
-kept, as for the candidates.
+budget runs once more with the window shrunk by the excess.
+
+Then per block (auto_tail.py): the fastest row so far runs with its last blocks not checkpointed at
+all (an "unchecked tail": they keep every activation and skip their recompute), where the memory
+until those blocks' backward, measured in its trial (the early peak), leaves room under the budget:
+first one block, then as many as the room takes by the footprint measured, fewer if the peak went
+over (at most TAIL_TRIES trials). Where the peak comes at the end of backward (the gradients of a
+large model) that room is large. The fastest row within the budget is kept, as for the candidates.
 
 While it plans, auto synchronises the device and resets its peak-memory statistics at each step.
 """
@@ -43,6 +50,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from ..attention_offload import is_fast_policy, projection_groups, projection_weights
 from ..blocks import BlockForward
 from ..handle import OffloadHandle, blocks_to_wrap
+from .auto_tail import TAIL_TRIES, TailProbe, first_tail, next_tail
 from .hidden_states import apply_hidden_states
 from .options import check_options, check_use_reentrant
 from .selective import apply_selective
@@ -116,6 +124,12 @@ def _default_candidates(model, blocks, use_reentrant: bool) -> List[str]:
     return kept
 
 
+def _early_peak(row: dict) -> float:
+    """The peak until the last blocks' backward (what a window adds to), else the step's peak."""
+    early = row.get("early_peak_GB")
+    return early if early is not None else row["peak_allocated_GB"]
+
+
 class _TorchCheckpointForward(BlockForward):
     """The "checkpointing" candidate: torch's checkpoint, nothing offloaded."""
 
@@ -132,7 +146,9 @@ class _TorchCheckpointForward(BlockForward):
 
 
 def _install(model, blocks, candidate: str, manager_options: dict, use_reentrant: bool,
-             keep_on_device_bytes: int = 0) -> OffloadHandle:
+             keep_on_device_bytes: int = 0, tail: int = 0) -> OffloadHandle:
+    """The candidate on every block but the last `tail` (those run as they are: unchecked)."""
+    blocks = blocks[:len(blocks) - tail]
     if keep_on_device_bytes:
         manager_options = dict(manager_options, keep_on_device_bytes=keep_on_device_bytes)
     if candidate == "checkpointing":
@@ -160,9 +176,11 @@ class AutoHandle(OffloadHandle):
         self.budget_gb: Optional[float] = budget_gb
         self.chosen: Optional[str] = None
         self.keep_on_device_bytes = 0  # of the chosen row
-        self._trials = [(c, 0) for c in candidates]  # (candidate, keep_on_device_bytes) to measure
+        self.tail_blocks = 0  # of the chosen row: its last blocks that run unchecked
+        self._trials = [(c, 0, 0) for c in candidates]  # (candidate, keep_on_device_bytes, tail) to measure
         self._trial = 0  # index into _trials
-        self._keep_round = 0  # kept trials queued: 1 first tries, 2 retries with smaller windows
+        self._round = 0  # rounds of further trials queued: 1 windows, 2 smaller windows, 3+ tails
+        self._probe: Optional[TailProbe] = None
         self._steps = 0  # steps finished under the current candidate
         self._timed = []  # (seconds, peak allocated GB, bytes to host) of its timed steps
         self._started: Optional[float] = None
@@ -178,6 +196,7 @@ class AutoHandle(OffloadHandle):
         return self.current.stats() if self.current is not None else {}
 
     def remove(self) -> None:
+        self._remove_probe()
         if self.current is not None:
             self.current.remove()
             self.current = None
@@ -190,15 +209,17 @@ class AutoHandle(OffloadHandle):
             return "-" if value is None else f"{value:.2f}"
 
         lines = [f"torch_offload mode='auto' (budget: {budget})", "",
-                 "| candidate | kept on GPU GB | step s | predicted peak GB | peak allocated GB | within budget | chosen |",
-                 "|---|---|---|---|---|---|---|"]
+                 "| candidate | kept on GPU GB | unchecked last blocks | step s | predicted peak GB "
+                 "| early peak GB | peak allocated GB | within budget | chosen |",
+                 "|---|---|---|---|---|---|---|---|---|"]
         for row in self.plan:
-            lines.append(f"| {row['candidate']} | {gb(row['keep_on_device_GB'])} | {row['step_s']:.4f} | "
-                         f"{gb(row.get('predicted_peak_GB'))} | {gb(row.get('peak_allocated_GB'))} | "
-                         f"{row['within_budget']} | {row['chosen']} |")
+            lines.append(f"| {row['candidate']} | {gb(row['keep_on_device_GB'])} | {row['tail_blocks']} | "
+                         f"{row['step_s']:.4f} | {gb(row.get('predicted_peak_GB'))} | {gb(row.get('early_peak_GB'))} | "
+                         f"{gb(row.get('peak_allocated_GB'))} | {row['within_budget']} | {row['chosen']} |")
         return "\n".join(lines) + "\n"
 
-    def _switch(self, candidate: str, keep_on_device_bytes: int = 0) -> None:
+    def _switch(self, candidate: str, keep_on_device_bytes: int = 0, tail: int = 0) -> None:
+        self._remove_probe()
         if self.current is not None:
             old = self.current.manager
             self.current.remove()
@@ -206,8 +227,17 @@ class AutoHandle(OffloadHandle):
                 old.synchronize()
                 old.empty_pool()  # its pinned buffers, before the next candidate's pool fills
         self.current = _install(self.model, self._blocks, candidate, self._manager_options, self._use_reentrant,
-                                keep_on_device_bytes)
+                                keep_on_device_bytes, tail)
         self.manager = self.current.manager
+        if not self.planned and torch.cuda.is_available():
+            n = len(self._blocks)
+            self._probe = TailProbe(self._blocks[n - 1 - tail] if tail < n else self._blocks[0],
+                                    self._blocks[n - tail:] if tail else ())
+
+    def _remove_probe(self) -> None:
+        if self._probe is not None:
+            self._probe.remove()
+            self._probe = None
 
     def _on_forward(self, module, args):
         if self.planned or not (module.training and torch.is_grad_enabled()):
@@ -230,39 +260,92 @@ class AutoHandle(OffloadHandle):
         self._started = None
         self._steps += 1
         if self._steps > 1 or self._trial_steps == 1:  # the first of several warms up
+            probe = self._probe
             self._timed.append((seconds, torch.cuda.max_memory_allocated() / GB if cuda else None,
-                                self.current.stats().get("bytes_to_host", 0) - self._bytes_before))
+                                self.current.stats().get("bytes_to_host", 0) - self._bytes_before,
+                                probe.early_peak_gb if cuda and probe is not None else None))
+            if probe is not None:
+                probe.early_peak_gb = None
         if self._steps < self._trial_steps:
             return
-        candidate, keep = self._trials[self._trial]
+        candidate, keep, tail = self._trials[self._trial]
         row = {"candidate": candidate, "keep_on_device_bytes": keep, "keep_on_device_GB": keep / GB,
-               "step_s": min(t[0] for t in self._timed), "steps_s": [t[0] for t in self._timed],
-               "bytes_to_host": self._timed[-1][2]}
+               "tail_blocks": tail, "step_s": min(t[0] for t in self._timed),
+               "steps_s": [t[0] for t in self._timed], "bytes_to_host": self._timed[-1][2]}
         if cuda:
             row["peak_allocated_GB"] = max(t[1] for t in self._timed)
-            if keep:  # the candidate's own peak plus what the window keeps
-                row["predicted_peak_GB"] = self._without_window(candidate)["peak_allocated_GB"] + keep / GB
+            early = [t[3] for t in self._timed if t[3] is not None]
+            row["early_peak_GB"] = max(early) if early else None
+            if tail and self._probe is not None:
+                row["tail_block_GB"] = self._probe.block_gb
+            if keep and not tail:  # the candidate's own early peak plus what the window keeps
+                alone = self._without_window(candidate)
+                row["predicted_peak_GB"] = max(alone["peak_allocated_GB"], _early_peak(alone) + keep / GB)
         self.plan.append(row)
         self._timed = []
         self._trial += 1
         self._steps = 0
         if self._trial == len(self._trials):
             self._find_budget()
-            self._plan_keep_trials()
+            while self._trial == len(self._trials) and self._queue_more_trials():
+                pass
         if self._trial < len(self._trials):
             self._switch(*self._trials[self._trial])
         else:
             self._decide()
+
+    def _queue_more_trials(self) -> bool:
+        """Queues the next round of trials (windows, smaller windows, then unchecked tails); False
+        when no round is left."""
+        if self.budget_gb is None or any("peak_allocated_GB" not in r for r in self.plan):
+            return False
+        self._round += 1
+        if self._round <= 2:
+            self._plan_keep_trials()
+        else:
+            tail = self._next_tail_trial()
+            if tail is None:
+                return False
+            self._trials.append(tail)
+        return True
+
+    def _next_tail_trial(self):
+        """(candidate, keep, tail) for the next tail trial, or None: the first grows from the fastest
+        row within the budget; the next ones move its length by the room or the excess measured."""
+        tails = [r for r in self.plan if r["tail_blocks"]]
+        if len(tails) >= TAIL_TRIES:
+            return None
+        n = len(self._blocks)
+        fitting = [r for r in self.plan if r["peak_allocated_GB"] <= self.budget_gb]
+        if not tails:
+            if not fitting:
+                return None
+            base = min(fitting, key=lambda r: r["step_s"])
+            device_gb = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GB
+            tail = first_tail(self.budget_gb, base.get("early_peak_GB"), device_gb, self._block_input_gb(), n)
+            return (base["candidate"], base["keep_on_device_bytes"], tail) if tail else None
+        last = tails[-1]
+        base = next(r for r in self.plan if not r["tail_blocks"] and r["candidate"] == last["candidate"]
+                    and r["keep_on_device_bytes"] == last["keep_on_device_bytes"])
+        if last["peak_allocated_GB"] <= self.budget_gb and last["step_s"] >= base["step_s"]:
+            return None  # the tail does not pay here (a step bound by the host, not by recompute)
+        tail = next_tail(self.budget_gb, last["tail_blocks"], last["peak_allocated_GB"], last.get("early_peak_GB"),
+                         last.get("tail_block_GB"), n, [r["tail_blocks"] for r in tails])
+        return (last["candidate"], last["keep_on_device_bytes"], tail) if tail else None
+
+    def _block_input_gb(self) -> float:
+        """A block input's bytes: what hidden_states offloads per block, else the least any
+        offloading candidate did (an upper bound)."""
+        rows = [r for r in self.plan if r["bytes_to_host"] and not r["keep_on_device_bytes"] and not r["tail_blocks"]]
+        hidden = [r for r in rows if r["candidate"] == "hidden_states"]
+        return min((self._per_block_bytes(r) for r in hidden or rows), default=0) / GB
 
     def _plan_keep_trials(self) -> None:
         """Queues trials of the fastest fitting offloading candidates (those within KEEP_TRY_WITHIN
         of the fastest, at most KEEP_TRIES) with the newest saves kept on the GPU: a window of two
         blocks' offloaded bytes, within the room under the budget. Then, once, a smaller window for
         a kept trial whose peak went over."""
-        if self.budget_gb is None or any("peak_allocated_GB" not in r for r in self.plan):
-            return
-        self._keep_round += 1
-        if self._keep_round == 1:
+        if self._round == 1:
             fitting = sorted((r for r in self.plan if r["peak_allocated_GB"] <= self.budget_gb),
                              key=lambda r: r["step_s"])
             if not fitting:
@@ -270,19 +353,20 @@ class AutoHandle(OffloadHandle):
             tries = [r for r in fitting if r["step_s"] <= fitting[0]["step_s"] * (1 + KEEP_TRY_WITHIN)
                      and r["candidate"] != "checkpointing" and r["bytes_to_host"]][:KEEP_TRIES]
             for row in tries:
-                keep = keep_on_device_bytes_for(self.budget_gb, row["peak_allocated_GB"], self._per_block_bytes(row))
+                keep = keep_on_device_bytes_for(self.budget_gb, _early_peak(row), self._per_block_bytes(row))
                 if keep:
-                    self._trials.append((row["candidate"], keep))
-        elif self._keep_round == 2:
+                    self._trials.append((row["candidate"], keep, 0))
+        elif self._round == 2:
             for row in [r for r in self.plan if r["keep_on_device_bytes"] and r["peak_allocated_GB"] > self.budget_gb]:
                 excess = row["peak_allocated_GB"] - self.budget_gb
                 keep = int(row["keep_on_device_bytes"] - excess * GB * (1 + KEEP_MARGIN))
                 if keep > 0 and keep >= self._per_block_bytes(self._without_window(row["candidate"])):
-                    self._trials.append((row["candidate"], keep))
+                    self._trials.append((row["candidate"], keep, 0))
 
     def _without_window(self, candidate: str) -> dict:
         """The plan's row of `candidate` measured without a window."""
-        return next(r for r in self.plan if r["candidate"] == candidate and not r["keep_on_device_bytes"])
+        return next(r for r in self.plan if r["candidate"] == candidate and not r["keep_on_device_bytes"]
+                    and not r["tail_blocks"])
 
     def _per_block_bytes(self, row: dict) -> float:
         return row["bytes_to_host"] / max(1, len(self._blocks))
@@ -313,6 +397,8 @@ class AutoHandle(OffloadHandle):
         best["chosen"] = True
         self.chosen = best["candidate"]
         self.keep_on_device_bytes = best["keep_on_device_bytes"]
+        self.tail_blocks = best["tail_blocks"]
         self.planned = True
-        if (self.chosen, self.keep_on_device_bytes) != self._trials[-1]:
-            self._switch(self.chosen, self.keep_on_device_bytes)
+        self._remove_probe()
+        if (self.chosen, self.keep_on_device_bytes, self.tail_blocks) != self._trials[-1]:
+            self._switch(self.chosen, self.keep_on_device_bytes, self.tail_blocks)

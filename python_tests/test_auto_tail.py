@@ -1,0 +1,87 @@
+"""mode="auto", per block: an unchecked tail (the last blocks keep their activations and skip the
+recompute) trains exactly like gradient checkpointing, its length follows the measured room under
+the budget, and the probe that measures that room reads what it should."""
+import pytest
+import torch
+
+import torch_offload
+from conftest import DEVICES, cuda_only
+from torch_offload.modes.auto import _install
+from torch_offload.modes.auto_tail import TailProbe, first_tail, next_tail
+from test_models import _llama_step, _steps_match_plain, _tiny_llama
+
+
+def test_the_first_tail_is_one_block_where_the_early_phase_has_room():
+    # budget 33 GB, early peak 28 GB, an 80 GB device, block inputs of 0.07 GB, 32 blocks
+    assert first_tail(33.0, 28.0, 80.0, 0.07, 32) == 1
+    assert first_tail(33.0, 32.99, 80.0, 0.07, 32) == 0  # no room for even a block input
+    assert first_tail(33.0, 28.0, 34.0, 0.07, 32) == 0  # the device could not take an unknown block
+    assert first_tail(33.0, None, 80.0, 0.07, 32) == 0  # no early peak measured (CPU)
+    assert first_tail(33.0, 28.0, 80.0, 0.07, 1) == 0  # a single block stays checkpointed
+
+
+def test_the_next_tail_follows_the_room_or_the_excess():
+    # Within the budget: as many more blocks as 90% of the early phase's room takes.
+    assert next_tail(33.0, 1, 30.0, 29.0, 1.0, 32, [1]) == 1 + 3
+    # Over it: fewer, by the excess plus a margin.
+    assert next_tail(33.0, 4, 34.5, 33.5, 1.0, 32, [1, 4]) == 4 - 2
+    # Never all blocks, never a length tried already, nothing without a footprint.
+    assert next_tail(33.0, 1, 10.0, 5.0, 1.0, 8, [1]) == 7
+    assert next_tail(33.0, 1, 30.0, 32.5, 1.0, 32, [1]) == 0
+    assert next_tail(33.0, 1, 30.0, 29.0, None, 32, [1]) == 0
+    assert next_tail(33.0, 2, 40.0, 40.0, 1.0, 32, [1, 2]) == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("candidate", ["hidden_states", "selective:attention", "checkpointing"])
+def test_an_unchecked_tail_trains_like_checkpointing(device, candidate):
+    ours, reference = _tiny_llama(device, 0.1), _tiny_llama(device, 0.1)
+    reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    blocks = list(ours.model.layers)
+    handle = _install(ours, blocks, candidate, {}, False, tail=2)
+    assert handle.blocks == blocks[:1]  # the last two run as they are
+    assert all("forward" not in block.__dict__ for block in blocks[1:])
+    _steps_match_plain(ours, reference, device, steps=2)
+    handle.remove()
+
+
+@cuda_only
+def test_the_probe_reads_the_early_peak_and_a_tail_blocks_footprint():
+    model = _tiny_llama("cuda", 0.0)
+    blocks = list(model.model.layers)
+    handle = _install(model, blocks, "hidden_states", {}, False, tail=1)
+    probe = TailProbe(blocks[-1], blocks[-1:])
+    ids = torch.randint(0, 256, (2, 32), device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    _llama_step(model, ids, "cuda")
+    # The tail block keeps at least its MLP's intermediate products (2 x 32 x 128 floats, several).
+    assert probe.block_gb is not None and probe.block_gb * 1e9 >= 4 * 2 * 32 * 128 * 4
+    assert probe.early_peak_gb is not None and 0 < probe.early_peak_gb <= torch.cuda.max_memory_allocated() / 1e9
+    probe.remove()
+    handle.remove()
+
+
+@cuda_only
+def test_auto_tries_an_unchecked_tail_where_the_budget_leaves_room():
+    ours, reference = _tiny_llama("cuda", 0.0), _tiny_llama("cuda", 0.0)
+    reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # 1 GB is far above the tiny model's peaks: the tail grows to every block but one.
+    handle = torch_offload.apply(ours, "auto", trial_steps=1, memory_budget_gb=1.0,
+                                 candidates=["hidden_states", "checkpointing"])
+    ids = torch.randint(0, 256, (2, 32), device="cuda")
+    for _ in range(12):
+        for m in (ours, reference):
+            m.zero_grad(set_to_none=True)
+        assert torch.equal(_llama_step(ours, ids, "cuda"), _llama_step(reference, ids, "cuda"))
+    assert handle.planned
+    tails = [r for r in handle.plan if r["tail_blocks"]]
+    assert tails and tails[0]["tail_blocks"] == 1 and tails[0]["tail_block_GB"] > 0
+    assert all(r["early_peak_GB"] <= r["peak_allocated_GB"] for r in handle.plan)
+    if len(tails) > 1:
+        assert tails[1]["tail_blocks"] == 2  # 3 blocks: all but one
+    chosen = next(r for r in handle.plan if r["chosen"])
+    assert handle.tail_blocks == chosen["tail_blocks"]
+    assert len(handle.current.blocks) == 3 - chosen["tail_blocks"]
+    assert "unchecked last blocks" in handle.explain()
+    handle.remove()
+    assert all("forward" not in block.__dict__ for block in ours.model.layers)

@@ -1,0 +1,94 @@
+"""mode="auto", per block: the last blocks of the model may run without checkpointing at all.
+
+Backward needs the last blocks first, while few parameter gradients exist yet. Where the step's
+peak comes later (the gradients of a large model at the end of backward) or earlier (the loss), the
+memory between the end of the forward and the last blocks' backward can sit well under the budget.
+Blocks that keep every activation there (an "unchecked tail") skip their recompute entirely.
+
+TailProbe measures, on CUDA, in each trial step:
+- the early peak: the highest allocated memory from the step's start until the backward of the
+  first unchecked block (or of the last block, without a tail) has finished: what a tail and a
+  window of kept saves add to;
+- a tail block's footprint: the allocated memory its forward adds (every activation it keeps).
+next_tail() turns them into the next tail length to try.
+"""
+import math
+from typing import Iterable, Optional
+
+import torch
+from torch import nn
+
+GB = 1e9
+TAIL_MARGIN = 0.1  # of the room under the budget, left for what the measured peaks do not show
+TAIL_TRIES = 4  # trials with an unchecked tail, at most
+
+
+class TailProbe:
+    """Forward hooks on the blocks that read the CUDA allocator's statistics (host-side counters,
+    no synchronisation). `boundary` is the block whose input gradient marks the end of the early
+    phase; `tail` the unchecked blocks whose footprint is measured."""
+
+    def __init__(self, boundary: nn.Module, tail: Iterable[nn.Module]):
+        self.early_peak_gb: Optional[float] = None  # of the last step that reached the boundary
+        self.block_gb: Optional[float] = None  # the largest tail block's footprint, any step
+        self._before = None
+        self._handles = [boundary.register_forward_pre_hook(self._on_boundary, with_kwargs=True)]
+        for block in tail:
+            self._handles.append(block.register_forward_pre_hook(self._on_tail_start))
+            self._handles.append(block.register_forward_hook(self._on_tail_end))
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _on_boundary(self, module, args, kwargs):
+        if not (module.training and torch.is_grad_enabled()):
+            return
+        x = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.requires_grad), None)
+        if x is not None and x.is_cuda:
+            x.register_hook(self._on_early_phase_end)
+
+    def _on_early_phase_end(self, grad):
+        self.early_peak_gb = torch.cuda.max_memory_allocated() / GB
+
+    def _on_tail_start(self, module, args):
+        if module.training and torch.is_grad_enabled() and torch.cuda.is_available():
+            self._before = torch.cuda.memory_allocated()
+
+    def _on_tail_end(self, module, args, output):
+        if self._before is not None:
+            footprint = (torch.cuda.memory_allocated() - self._before) / GB
+            self.block_gb = max(self.block_gb or 0.0, footprint)
+            self._before = None
+
+
+def first_tail(budget_gb: float, early_peak_gb: Optional[float], device_gb: float, block_input_gb: float,
+               n_blocks: int) -> int:
+    """The first tail to try from a row measured without one: 1 block, where the budget's room in
+    the early phase and the device's room above the budget can both take a block of up to 32 block
+    inputs (a transformer block keeps about 20: its MLP's intermediate products are 3.5-4x the
+    hidden size, four of them; the device check keeps a block that keeps more from running out of
+    memory before its footprint is known). 0: no tail trial."""
+    if early_peak_gb is None or n_blocks < 2 or block_input_gb <= 0:
+        return 0
+    upper = 32 * block_input_gb
+    room = (budget_gb - early_peak_gb) * (1 - TAIL_MARGIN)
+    return 1 if room >= block_input_gb and device_gb - budget_gb >= upper else 0
+
+
+def next_tail(budget_gb: float, tail: int, peak_gb: float, early_peak_gb: Optional[float],
+              block_gb: Optional[float], n_blocks: int, tried: Iterable[int]) -> int:
+    """The next tail length after a trial with `tail` unchecked blocks that peaked at `peak_gb`
+    (`early_peak_gb` before its tail's backward ended): over the budget, fewer blocks by the
+    excess; within it, more by the early phase's room. 0: nothing new to try."""
+    if not block_gb or block_gb <= 0:
+        return 0
+    if peak_gb > budget_gb:
+        candidate = tail - math.ceil((peak_gb - budget_gb) * (1 + TAIL_MARGIN) / block_gb)
+    elif early_peak_gb is not None:
+        candidate = tail + math.floor((budget_gb - early_peak_gb) * (1 - TAIL_MARGIN) / block_gb)
+    else:
+        return 0
+    candidate = max(0, min(candidate, n_blocks - 1))  # at least one block stays checkpointed
+    return candidate if candidate > 0 and candidate not in set(tried) else 0
