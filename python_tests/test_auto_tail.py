@@ -7,7 +7,7 @@ import torch
 import torch_offload
 from conftest import DEVICES, cuda_only
 from torch_offload.modes.auto import _install
-from torch_offload.modes.auto_tail import TailProbe, first_tail, next_tail
+from torch_offload.modes.auto_tail import TailProbe, first_tail, next_tail, window_for_one_more_block
 from test_models import _llama_step, _steps_match_plain, _tiny_llama
 
 
@@ -30,6 +30,14 @@ def test_the_next_tail_follows_the_room_or_the_excess():
     assert next_tail(33.0, 1, 30.0, 32.5, 1.0, 32, [1]) == 0
     assert next_tail(33.0, 1, 30.0, 29.0, None, 32, [1]) == 0
     assert next_tail(33.0, 2, 40.0, 40.0, 1.0, 32, [1, 2]) == 0
+
+
+def test_part_of_the_window_makes_room_for_one_more_block():
+    # 1.5 GB of room (90% of 33 - 31.33) for a 1.7 GB block: 0.2 GB of a 0.6 GB window goes.
+    assert window_for_one_more_block(33.0, 31.333, 1.7, int(0.6e9)) == pytest.approx(0.4e9, abs=1e6)
+    assert window_for_one_more_block(33.0, 31.333, 1.7, int(0.1e9)) is None  # the window is too small
+    assert window_for_one_more_block(33.0, 20.0, 1.7, int(0.6e9)) is None  # room enough without trading
+    assert window_for_one_more_block(33.0, 31.333, 1.7, 0) is None
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -24,17 +24,18 @@ Memory the budget leaves over is spent on the link: the fastest offloading candi
 (those within 3% of the fastest, at most two) run once more with the newest saves kept on the GPU
 (OffloadManager's keep_on_device_bytes: two blocks' offloaded bytes, within the room under the
 budget until the last blocks' backward, the early peak of auto_tail.py; predicted peak = the
-candidate's early peak plus the kept bytes, or its peak where that is higher). A forward's last saves, which
-backward needs first, then never cross the link: where the link is full at the end of the forward
-(16k, "attention+qkv+out_proj") that was 1.8% of the step. A kept trial whose peak exceeds the
-budget runs once more with the window shrunk by the excess.
+candidate's early peak plus the kept bytes, or its peak where that is higher). A forward's last
+saves, which backward needs first, then never cross the link: where the link is full at the end of
+the forward (16k, "attention+qkv+out_proj") that was 1.8% of the step. A kept trial whose peak
+exceeds the budget runs once more with the window shrunk by the excess.
 
 Then per block (auto_tail.py): the fastest row so far runs with its last blocks not checkpointed at
 all (an "unchecked tail": they keep every activation and skip their recompute), where the memory
 until those blocks' backward, measured in its trial (the early peak), leaves room under the budget:
 first one block, then as many as the room takes by the footprint measured, fewer if the peak went
-over (at most TAIL_TRIES trials). Where the peak comes at the end of backward (the gradients of a
-large model) that room is large. The fastest row within the budget is kept, as for the candidates.
+over, one more for part of the window where that makes the room (at most TAIL_TRIES trials). Where
+the peak comes at the end of backward (the gradients of a large model) that room is large. The
+fastest row within the budget is kept, as for the candidates.
 
 While it plans, auto synchronises the device and resets its peak-memory statistics at each step.
 """
@@ -50,7 +51,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from ..attention_offload import is_fast_policy, projection_groups, projection_weights
 from ..blocks import BlockForward
 from ..handle import OffloadHandle, blocks_to_wrap
-from .auto_tail import TAIL_TRIES, TailProbe, first_tail, next_tail
+from .auto_tail import TAIL_TRIES, TailProbe, first_tail, next_tail, window_for_one_more_block
 from .hidden_states import apply_hidden_states
 from .options import check_options, check_use_reentrant
 from .selective import apply_selective
@@ -325,13 +326,20 @@ class AutoHandle(OffloadHandle):
             tail = first_tail(self.budget_gb, base.get("early_peak_GB"), device_gb, self._block_input_gb(), n)
             return (base["candidate"], base["keep_on_device_bytes"], tail) if tail else None
         last = tails[-1]
-        base = next(r for r in self.plan if not r["tail_blocks"] and r["candidate"] == last["candidate"]
-                    and r["keep_on_device_bytes"] == last["keep_on_device_bytes"])
-        if last["peak_allocated_GB"] <= self.budget_gb and last["step_s"] >= base["step_s"]:
+        base = min((r for r in self.plan if not r["tail_blocks"] and r["candidate"] == last["candidate"]),
+                   key=lambda r: r["step_s"])
+        within = last["peak_allocated_GB"] <= self.budget_gb
+        if within and last["step_s"] >= base["step_s"]:
             return None  # the tail does not pay here (a step bound by the host, not by recompute)
+        keep = last["keep_on_device_bytes"]
         tail = next_tail(self.budget_gb, last["tail_blocks"], last["peak_allocated_GB"], last.get("early_peak_GB"),
                          last.get("tail_block_GB"), n, [r["tail_blocks"] for r in tails])
-        return (last["candidate"], last["keep_on_device_bytes"], tail) if tail else None
+        if not tail and within and last["tail_blocks"] + 1 < n:  # one more block for part of the window
+            smaller = window_for_one_more_block(self.budget_gb, last.get("early_peak_GB"), last.get("tail_block_GB"),
+                                                keep)
+            if smaller is not None:
+                tail, keep = last["tail_blocks"] + 1, smaller
+        return (last["candidate"], keep, tail) if tail else None
 
     def _block_input_gb(self) -> float:
         """A block input's bytes: what hidden_states offloads per block, else the least any
