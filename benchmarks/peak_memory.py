@@ -123,6 +123,24 @@ def analyse(snapshot, baseline: int, marks: dict, top: int = 14) -> dict:
     return out
 
 
+def backward_profile(snapshot, baseline: int, marks: dict, points: int = 20) -> list:
+    """Allocated GB at each 1/points of the backward's events (the last value: at its end): two
+    variants compared at the same progress through backward, not only at their own peaks."""
+    trace = snapshot["device_traces"][0]
+    start = marks.get("backward_event", len(trace))
+    sizes, total, profile = {}, baseline, []
+    marks_at = {start + (len(trace) - start) * k // points for k in range(1, points + 1)}
+    for i, ev in enumerate(trace):
+        if ev["action"] == "alloc":
+            sizes[ev["addr"]] = ev["size"]
+            total += ev["size"]
+        elif ev["action"] == "free_completed" and ev["addr"] in sizes:
+            total -= sizes.pop(ev["addr"])
+        if i + 1 in marks_at:
+            profile.append(round(total / GB, 3))
+    return profile
+
+
 def _fsdp_group():
     """The NCCL group: torchrun's ranks, or one rank of our own when run as a plain script."""
     import torch.distributed as dist
@@ -206,6 +224,7 @@ def run(args, variant, seq, out: Path):
            "forward_peak_GB": fwd_peak / GB, "step_peak_GB": torch.cuda.max_memory_allocated() / GB,
            "boundary_GB": args.config["layers"] * seq * args.config["hidden"] * 2 / GB}
     row["phases"] = analyse(snapshot, baseline, marks, args.top)
+    row["backward_profile_GB"] = backward_profile(snapshot, baseline, marks)
     if handle is not None or hasattr(step_model, "offload_partitioner"):
         manager = handle.manager if handle is not None else step_model.offload_partitioner.manager
         row["stats"] = {k: v for k, v in dict(manager.stats()).items()}
@@ -227,6 +246,7 @@ def print_row(row):
             print(f"     [{name}] {c['GB']:.3f} GB in {c['count']}")
         for g in info["top"]:
             print(f"     {g['GB']:7.3f} GB x{g['count']:<4d} {g['site']}")
+    print("  backward, allocated GB at each 5%:", row.get("backward_profile_GB"))
     if "stats" in row:
         s = row["stats"]
         print("  stats:", {k: s[k] for k in sorted(s) if k in (

@@ -14,7 +14,7 @@ from test_models import _llama_step, _steps_match_plain, _tiny_llama
 def test_the_first_tail_is_one_block_where_the_early_phase_has_room():
     # budget 33 GB, early peak 28 GB, an 80 GB device, block inputs of 0.07 GB, 32 blocks
     assert first_tail(33.0, 28.0, 80.0, 0.07, 32) == 1
-    assert first_tail(33.0, 32.99, 80.0, 0.07, 32) == 0  # no room for even a block input
+    assert first_tail(33.0, 32.0, 80.0, 0.07, 32) == 0  # room for 13 block inputs: not a block's worth
     assert first_tail(33.0, 28.0, 34.0, 0.07, 32) == 0  # the device could not take an unknown block
     assert first_tail(33.0, None, 80.0, 0.07, 32) == 0  # no early peak measured (CPU)
     assert first_tail(33.0, 28.0, 80.0, 0.07, 1) == 0  # a single block stays checkpointed

@@ -66,15 +66,15 @@ class TailProbe:
 def first_tail(budget_gb: float, early_peak_gb: Optional[float], device_gb: float, block_input_gb: float,
                n_blocks: int) -> int:
     """The first tail to try from a row measured without one: 1 block, where the budget's room in
-    the early phase and the device's room above the budget can both take a block of up to 32 block
-    inputs (a transformer block keeps about 20: its MLP's intermediate products are 3.5-4x the
-    hidden size, four of them; the device check keeps a block that keeps more from running out of
-    memory before its footprint is known). 0: no tail trial."""
+    the early phase takes a block of 16 block inputs and the device's room above the budget one of
+    32. A transformer block keeps 20-25 (Llama: 22 at 16k, 25 for the 8B shape; its MLP's
+    intermediate products are 2.7-3.5x the hidden size, four of them): with less room than 16 the
+    trial would only go over the budget, and the device check keeps a block that keeps more from
+    running out of memory before its footprint is known. 0: no tail trial."""
     if early_peak_gb is None or n_blocks < 2 or block_input_gb <= 0:
         return 0
-    upper = 32 * block_input_gb
     room = (budget_gb - early_peak_gb) * (1 - TAIL_MARGIN)
-    return 1 if room >= block_input_gb and device_gb - budget_gb >= upper else 0
+    return 1 if room >= 16 * block_input_gb and device_gb - budget_gb >= 32 * block_input_gb else 0
 
 
 def next_tail(budget_gb: float, tail: int, peak_gb: float, early_peak_gb: Optional[float],
