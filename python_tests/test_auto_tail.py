@@ -7,7 +7,7 @@ import torch
 import torch_offload
 from conftest import DEVICES, cuda_only
 from torch_offload.modes.auto import _install
-from torch_offload.modes.auto_tail import TailProbe, first_tail, next_tail, window_for_one_more_block
+from torch_offload.modes.auto_tail import TailProbe, first_tail, next_tail, next_tail_trial, window_for_one_more_block
 from test_models import _llama_step, _steps_match_plain, _tiny_llama
 
 
@@ -38,6 +38,33 @@ def test_part_of_the_window_makes_room_for_one_more_block():
     assert window_for_one_more_block(33.0, 31.333, 1.7, int(0.1e9)) is None  # the window is too small
     assert window_for_one_more_block(33.0, 20.0, 1.7, int(0.6e9)) is None  # room enough without trading
     assert window_for_one_more_block(33.0, 31.333, 1.7, 0) is None
+
+
+def _row(candidate, step_s, peak, early, keep=0, tail=0, block=None, bytes_to_host=32 * 0.067e9):
+    return {"candidate": candidate, "step_s": step_s, "peak_allocated_GB": peak, "early_peak_GB": early,
+            "keep_on_device_bytes": keep, "tail_blocks": tail, "tail_block_GB": block, "bytes_to_host": bytes_to_host}
+
+
+def test_auto_plans_its_tail_trials_from_the_rows_measured():
+    # The Llama-3-8B shape at 8k as measured (32 blocks, budget 33.07 GB, an 80 GB device).
+    plan = [_row("hidden_states", 1.105, 33.01, 29.01),
+            _row("selective:attention+qkv+out_proj", 1.053, 33.01, 29.08, bytes_to_host=9.7e9),
+            _row("checkpointing", 1.101, 33.07, 31.16, bytes_to_host=0),
+            _row("selective:attention+qkv+out_proj", 1.048, 33.01, 29.68, keep=int(0.61e9), bytes_to_host=9.1e9)]
+    step = lambda: next_tail_trial(plan, 33.07, 32, 80.0)  # noqa: E731
+    assert step() == ("selective:attention+qkv+out_proj", int(0.61e9), 1)  # from the fastest row
+    plan.append(_row("selective:attention+qkv+out_proj", 1.038, 33.01, 31.40, keep=int(0.61e9), tail=1, block=1.71))
+    # 1.50 GB of room is short of a 1.71 GB block: part of the window makes it up.
+    candidate, keep, tail = step()
+    assert tail == 2 and keep == pytest.approx(0.61e9 - 0.207e9, abs=2e6)
+    plan.append(_row(candidate, 1.024, 33.05, 32.9, keep=keep, tail=2, block=1.71))
+    assert step() is None  # within the budget, no room, no window left to trade
+    plan[-1]["peak_allocated_GB"] = 34.0  # had it gone over: one block fewer, tried already
+    assert step() is None
+    # A tail that is not faster than its candidate without one stops the search.
+    slow = plan[:5]
+    slow[-1] = dict(slow[-1], step_s=1.06)
+    assert next_tail_trial(slow, 33.07, 32, 80.0) is None
 
 
 @pytest.mark.parametrize("device", DEVICES)

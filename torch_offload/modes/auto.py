@@ -51,7 +51,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from ..attention_offload import is_fast_policy, projection_groups, projection_weights
 from ..blocks import BlockForward
 from ..handle import OffloadHandle, blocks_to_wrap
-from .auto_tail import TAIL_TRIES, TailProbe, first_tail, next_tail, window_for_one_more_block
+from .auto_tail import TailProbe, next_tail_trial
 from .hidden_states import apply_hidden_states
 from .options import check_options, check_use_reentrant
 from .selective import apply_selective
@@ -311,42 +311,8 @@ class AutoHandle(OffloadHandle):
         return True
 
     def _next_tail_trial(self):
-        """(candidate, keep, tail) for the next tail trial, or None: the first grows from the fastest
-        row within the budget; the next ones move its length by the room or the excess measured."""
-        tails = [r for r in self.plan if r["tail_blocks"]]
-        if len(tails) >= TAIL_TRIES:
-            return None
-        n = len(self._blocks)
-        fitting = [r for r in self.plan if r["peak_allocated_GB"] <= self.budget_gb]
-        if not tails:
-            if not fitting:
-                return None
-            base = min(fitting, key=lambda r: r["step_s"])
-            device_gb = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GB
-            tail = first_tail(self.budget_gb, base.get("early_peak_GB"), device_gb, self._block_input_gb(), n)
-            return (base["candidate"], base["keep_on_device_bytes"], tail) if tail else None
-        last = tails[-1]
-        base = min((r for r in self.plan if not r["tail_blocks"] and r["candidate"] == last["candidate"]),
-                   key=lambda r: r["step_s"])
-        within = last["peak_allocated_GB"] <= self.budget_gb
-        if within and last["step_s"] >= base["step_s"]:
-            return None  # the tail does not pay here (a step bound by the host, not by recompute)
-        keep = last["keep_on_device_bytes"]
-        tail = next_tail(self.budget_gb, last["tail_blocks"], last["peak_allocated_GB"], last.get("early_peak_GB"),
-                         last.get("tail_block_GB"), n, [r["tail_blocks"] for r in tails])
-        if not tail and within and last["tail_blocks"] + 1 < n:  # one more block for part of the window
-            smaller = window_for_one_more_block(self.budget_gb, last.get("early_peak_GB"), last.get("tail_block_GB"),
-                                                keep)
-            if smaller is not None:
-                tail, keep = last["tail_blocks"] + 1, smaller
-        return (last["candidate"], keep, tail) if tail else None
-
-    def _block_input_gb(self) -> float:
-        """A block input's bytes: what hidden_states offloads per block, else the least any
-        offloading candidate did (an upper bound)."""
-        rows = [r for r in self.plan if r["bytes_to_host"] and not r["keep_on_device_bytes"] and not r["tail_blocks"]]
-        hidden = [r for r in rows if r["candidate"] == "hidden_states"]
-        return min((self._per_block_bytes(r) for r in hidden or rows), default=0) / GB
+        device_gb = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GB
+        return next_tail_trial(self.plan, self.budget_gb, len(self._blocks), device_gb)
 
     def _plan_keep_trials(self) -> None:
         """Queues trials of the fastest fitting offloading candidates (those within KEEP_TRY_WITHIN
