@@ -46,3 +46,12 @@ echo rc=$?; grep -E "^===|\[|-- |allocated GB at" $OUT/peak_memory_selective_16k
 cp /tmp/pm/peak_memory.json $OUT/peak_memory_selective_16k_profile_h100.json
 for f in $(grep -l "offload_restore" /tmp/torchinductor_*/*/*.py | xargs ls -S | head -2); do cp $f $OUT/; done
 ls -la $OUT
+
+# --- s7call5.sh (nvidia-h100-x1)
+# Session 7, call 5 (H100): the final code: every CUDA pytest case; then the Llama-3-8B shape at 8k,
+# checkpointing against auto in 2 interleaved rounds (auto plans anew in each).
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+(cd python_tests && timeout 280 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda . 2>&1 | tail -15) > $OUT/gpu_pytest_cuda_h100_session7_final.log; tail -3 $OUT/gpu_pytest_cuda_h100_session7_final.log
+timeout 290 python3 benchmarks/bench_selective.py --out /tmp/s8b --shape llama3_8b --seqs 8192 --rounds 2 --steps 3 --warmup 1 --variants ckpt,auto 2>&1 | grep -E "^\| 8192|auto \(budget" | cut -c1-1500
+cp /tmp/s8b/selective_h100_llama3_8b.md $OUT/auto_tail_llama3_8b_rounds_h100.md; cp /tmp/s8b/selective_h100_llama3_8b.json $OUT/auto_tail_llama3_8b_rounds_h100.json
