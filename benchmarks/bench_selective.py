@@ -19,9 +19,14 @@ batch 1), forward+backward with labels=input_ids, at each sequence length in --s
               reentrant variant, torch_offload/reentrant.py)
   VARIANT@GB  an offloading variant with keep_on_device_bytes=GB*1e9: the newest saves stay on the
               GPU uncopied (e.g. sel:attention+qkv+out_proj@1.3)
+  VARIANT#N   an offloading variant on every block but the last N, which run unchecked (auto's
+              unchecked tail, e.g. sel:attention+qkv+out_proj@0.61#1)
+  VARIANT/chunked, VARIANT/grads_in_forward   the variant with its loss in chunks (as --chunked-loss,
+              for this variant only: ckpt/grads_in_forward beside ckpt in one process)
 
 --chunked-loss: every variant (checkpointing too) computes the loss in chunks of 2048 tokens
-(torch_offload.chunk_lm_loss): no logits are materialised.
+(torch_offload.chunk_lm_loss): no logits are materialised; backward computes them again.
+--chunked-loss grads_in_forward: the same with the loss's gradients computed in the forward.
 
 Per run: median step time, tokens/s, peak allocated / reserved GPU memory, the manager's statistics;
 per sequence length: tokens/s ratio and peak allocated difference versus ckpt, and the issue's targets
@@ -57,26 +62,47 @@ def _reentrant(variant: str) -> bool:
     return variant.endswith("_re") or variant.startswith("sel_re:")
 
 
+def _loss(variant: str):
+    """VARIANT/LOSS -> (VARIANT, None | "chunked" | "grads_in_forward"); ValueError for another LOSS."""
+    base, slash, loss = variant.partition("/")
+    if slash and loss not in ("chunked", "grads_in_forward"):
+        raise ValueError(loss)
+    return base, loss or None
+
+
+def _tail(variant: str):
+    """VARIANT#N -> (VARIANT, N blocks unchecked at the end); raises ValueError for a bad N."""
+    base, hash_, n = _loss(variant)[0].partition("#")
+    tail = int(n) if hash_ else 0
+    if tail < 0:
+        raise ValueError(n)
+    return base, tail
+
+
 def _kept_bytes(variant: str):
     """VARIANT@GB -> (VARIANT, bytes kept on the device); raises ValueError for a bad GB."""
-    base, at, gb = variant.partition("@")
+    base, at, gb = _tail(variant)[0].partition("@")
     return base, int(float(gb) * GB) if at else 0
 
 
 def valid_variant(variant: str) -> bool:
     try:
+        tail = _tail(variant)[1]
         variant, keep = _kept_bytes(variant)
     except ValueError:
         return False
-    if keep and (variant.startswith(("ckpt", "torch_sac", "auto")) or keep < 0):
+    if (keep or tail) and (variant.startswith(("ckpt", "torch_sac", "auto")) or keep < 0):
         return False
     return variant in VARIANTS or (variant.startswith(("sel:", "sel_re:")) and variant.partition(":")[2] != "")
 
 
 def enable(model, variant):
     """Turns `variant` on; returns what undoes it."""
+    tail = _tail(variant)[1]
     variant, keep = _kept_bytes(variant)
     kept = dict(keep_on_device_bytes=keep) if keep else {}
+    if tail:
+        kept["blocks"] = list(model.model.layers)[:-tail]
     reentrant = _reentrant(variant)
     if variant in ("ckpt", "ckpt_re"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
@@ -118,7 +144,9 @@ def noise_floor(model, args) -> dict:
     error = lambda g: (g - reference).norm().item() / norm  # noqa: E731
     result = {"seq": args.noise_seq, "dtype": str(next(model.parameters()).dtype),
               "floor": max(error(grads("ckpt")), error(grads("none")))}
-    for variant in [v for v in args.variants.split(",") if v not in ("ckpt", "ckpt_re", "torch_sac", "auto", "auto_re")]:
+    # (a variant with its own loss is left out: the reference computes the model's loss)
+    for variant in [v for v in args.variants.split(",")
+                    if v not in ("ckpt", "ckpt_re", "torch_sac", "auto", "auto_re") and "/" not in v]:
         g = grads(variant)
         result[variant] = {"error": error(g), "bit_equal": bool(torch.equal(g, reference)),
                            "within_2x_floor": error(g) <= 2 * result["floor"] or bool(torch.equal(g, reference))}
@@ -126,6 +154,8 @@ def noise_floor(model, args) -> dict:
 
 
 def run_variant(model, variant, seq, args):
+    loss = _loss(variant)[1]
+    chunked = None if loss is None else torch_offload.chunk_lm_loss(model, grads_in_forward=loss == "grads_in_forward")
     undo = enable(model, variant)
     handle = getattr(undo, "__self__", None)
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
@@ -156,6 +186,8 @@ def run_variant(model, variant, seq, args):
         return {"variant": variant, "seq": seq, "error": "OOM"}
     finally:
         undo()
+        if chunked is not None:
+            chunked.remove()
         release_memory(args.device)
 
 
@@ -223,23 +255,26 @@ def main():
     p.add_argument("--variants", default="ckpt,torch_sac,hidden,selective,selective_qkv,auto")
     p.add_argument("--rounds", type=int, default=1, help="run the variants this many times, interleaved")
     p.add_argument("--shape", default="reference", choices=("reference", "llama3_8b"))
-    p.add_argument("--chunked-loss", action="store_true", help="every variant computes its loss in chunks")
+    p.add_argument("--chunked-loss", nargs="?", const="recompute", choices=("recompute", "grads_in_forward"),
+                   help="every variant computes its loss in chunks")
     p.add_argument("--noise-seq", type=int, default=0,
                    help="first compare gradients at this length against the noise floor (0: skip)")
     parsed = p.parse_args()
     args = finish_run_args(parsed, LLAMA3_8B if parsed.shape == "llama3_8b" else REFERENCE)
     variants = args.variants.split(",")
+    if args.chunked_loss and any("/" in v for v in variants):
+        p.error("--chunked-loss chunks every variant's loss already; drop the /LOSS suffixes or the option")
     for variant in variants:
         if not valid_variant(variant):
             p.error(f"unknown variant {variant!r}; expected some of {','.join(VARIANTS)} or sel[_re]:POLICY")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = short_gpu_name(args.device) + ("_llama3_8b" if args.shape == "llama3_8b" else "")
-    name += "_chunked_loss" if args.chunked_loss else ""
+    name += {None: "", "recompute": "_chunked_loss", "grads_in_forward": "_loss_grads_in_forward"}[args.chunked_loss]
     result = new_result(args)
     model = build_llama(args.config, args.device, max(args.seq_list + [args.noise_seq]))
     if args.chunked_loss:
-        torch_offload.chunk_lm_loss(model)
+        torch_offload.chunk_lm_loss(model, grads_in_forward=args.chunked_loss == "grads_in_forward")
 
     def write():
         (out / f"selective_{name}.json").write_text(json.dumps(result, indent=1))

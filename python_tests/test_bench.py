@@ -126,6 +126,23 @@ def test_bench_selective_reentrant_variants_and_rounds_cpu_smoke(tmp_path):
     assert all(result["noise"][v]["bit_equal"] for v in ("hidden_re", "selective_re", "sel_re:attention+out_proj+fc2"))
 
 
+def test_bench_selective_tail_and_loss_suffixes_cpu_smoke(tmp_path):
+    # VARIANT#N leaves the last N blocks unchecked; VARIANT/LOSS chunks that variant's loss only:
+    # the gradients stay checkpointing's (fp32: bit for bit for the tail, within 1e-6 for the loss).
+    variants = "ckpt,hidden#1,selective#2/grads_in_forward,ckpt/chunked"
+    run = subprocess.run([sys.executable, "benchmarks/bench_selective.py", "--device", "cpu", "--tiny", "--seqs", "64",
+                          "--steps", "1", "--warmup", "1", "--variants", variants, "--noise-seq", "32",
+                          "--out", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "selective_cpu.json").read_text())
+    assert [r["variant"] for r in result["runs"]] == variants.split(",")
+    assert result["noise"]["hidden#1"]["bit_equal"]
+    assert result["runs"][1]["offload_stats"]["saves"] > 0
+    refused = subprocess.run([sys.executable, "benchmarks/bench_selective.py", "--device", "cpu", "--tiny",
+                              "--variants", "ckpt#1", "--out", str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    assert refused.returncode == 2 and "unknown variant 'ckpt#1'" in refused.stderr
+
+
 def test_bench_activations_cpu_smoke_with_trl(tmp_path):
     # TRL's OffloadActivations runs beside ours in the same process (trl is pinned in requirements.txt).
     run = subprocess.run([sys.executable, "benchmarks/bench_activations.py", "--device", "cpu", "--tiny", "--seqs", "64",

@@ -212,3 +212,51 @@ def test_deepcopy_of_a_chunked_model_is_chunked_on_its_own_weights():
     copied_handle.remove()
     assert copied(input_ids=ids, labels=labels).logits is not None
     assert model(input_ids=ids, labels=labels).logits is None  # the original stays chunked
+
+
+@pytest.mark.parametrize("num_items", [None, 50])
+def test_gradients_computed_in_forward_are_those_of_the_chunked_backward(num_items):
+    # loss.backward() (an incoming gradient of 1): bit for bit what the chunked backward gives.
+    _, labels = batch()
+    hidden, weight = inputs()
+    kwargs = dict(chunk_tokens=16, num_items_in_batch=num_items)
+    chunked = loss_and_grads(hidden, weight, lambda h, w: chunked_causal_lm_loss(h, w, labels, **kwargs))
+    in_forward = loss_and_grads(
+        hidden, weight, lambda h, w: chunked_causal_lm_loss(h, w, labels, grads_in_forward=True, **kwargs))
+    for a, b in zip(in_forward, chunked):
+        assert torch.equal(a, b)
+
+
+def test_gradients_computed_in_forward_follow_the_incoming_gradient_and_one_backward():
+    _, labels = batch()
+    hidden, weight = inputs()
+    reference = loss_and_grads(hidden, weight, lambda h, w: 3 * chunked_causal_lm_loss(h, w, labels, chunk_tokens=16))
+    ours = loss_and_grads(
+        hidden, weight, lambda h, w: 3 * chunked_causal_lm_loss(h, w, labels, chunk_tokens=16, grads_in_forward=True))
+    for a, b in zip(ours, reference):
+        close(a, b)
+    # A frozen weight gets no gradient computed; a second backward through one forward is an error.
+    h = hidden.detach().requires_grad_()
+    loss = chunked_causal_lm_loss(h, weight, labels, chunk_tokens=16, grads_in_forward=True)
+    loss.backward(retain_graph=True)
+    assert weight.grad is None and h.grad is not None
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()
+
+
+def test_chunk_lm_loss_with_gradients_in_forward_trains_a_llama_like_its_own_loss():
+    ids, labels = batch()
+    reference, ours, chunked = tiny_llama(), tiny_llama(), tiny_llama()
+    torch_offload.chunk_lm_loss(chunked, chunk_tokens=16)
+    handle = torch_offload.chunk_lm_loss(ours, chunk_tokens=16, grads_in_forward=True)
+    out_ref, grads_ref = train_step(reference, ids, labels)
+    out_chunked, grads_chunked = train_step(chunked, ids, labels)
+    out, grads = train_step(ours, ids, labels)
+    assert out.logits is None and torch.equal(out.loss, out_chunked.loss)
+    close(out.loss, out_ref.loss)
+    for name in grads_ref:
+        assert torch.equal(grads[name], grads_chunked[name]), name
+        close(grads[name], grads_ref[name], msg=lambda m: f"{name}: {m}")
+    with pytest.raises(ValueError, match="grads_in_forward=1"):
+        torch_offload.chunk_lm_loss(tiny_llama(), grads_in_forward=1)
+    handle.remove()

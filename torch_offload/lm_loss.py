@@ -61,9 +61,9 @@ class _ModelForward(BlockForward):
 class _HeadForward(BlockForward):
     """The LM head's forward: during a call with labels, the chunked loss instead of the logits."""
 
-    def __init__(self, head: nn.Module, pending: _Pending, chunk_tokens: int):
+    def __init__(self, head: nn.Module, pending: _Pending, chunk_tokens: int, grads_in_forward: bool = False):
         super().__init__(head)
-        self.pending, self.chunk_tokens = pending, chunk_tokens
+        self.pending, self.chunk_tokens, self.grads_in_forward = pending, chunk_tokens, grads_in_forward
 
     def __call__(self, hidden, *args, **kwargs):
         call = self.pending.call
@@ -76,7 +76,7 @@ class _HeadForward(BlockForward):
         loss = chunked_causal_lm_loss(hidden, self.block.weight, call["labels"], bias=self.block.bias,
                                       chunk_tokens=self.chunk_tokens, ignore_index=call["ignore_index"],
                                       num_items_in_batch=call["num_items_in_batch"],
-                                      shift_labels=call["shift_labels"])
+                                      shift_labels=call["shift_labels"], grads_in_forward=self.grads_in_forward)
         call["loss"] = loss
         return loss
 
@@ -104,12 +104,13 @@ class ChunkedLossHandle(NotPicklable):
 
     _pickled_what = "its ChunkedLossHandle"
 
-    def __init__(self, model: nn.Module, head: nn.Module, chunk_tokens: int):
+    def __init__(self, model: nn.Module, head: nn.Module, chunk_tokens: int, grads_in_forward: bool = False):
         self.model, self.head, self.chunk_tokens = model, head, chunk_tokens
         pending = _Pending()
         self._had_loss_function = "_loss_function" in model.__dict__
         self._loss_function = model.__dict__.get("_loss_function")
-        self._forwards = [_ModelForward(model, pending, chunk_tokens), _HeadForward(head, pending, chunk_tokens)]
+        self._forwards = [_ModelForward(model, pending, chunk_tokens),
+                          _HeadForward(head, pending, chunk_tokens, grads_in_forward)]
         for forward in self._forwards:
             set_forward(forward.block, forward)
         model.loss_function = _PassLoss(pending, model.loss_function)
@@ -129,12 +130,15 @@ class ChunkedLossHandle(NotPicklable):
         self.model.__dict__.pop(_WRAPPED, None)
 
 
-def chunk_lm_loss(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> ChunkedLossHandle:
+def chunk_lm_loss(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, *,
+                  grads_in_forward: bool = False) -> ChunkedLossHandle:
     """Makes a Hugging Face causal LM compute its training loss chunk_tokens tokens at a time
     (chunked_causal_lm_loss): called with `labels` in training mode with grad enabled, it returns the
     same loss (fp32 mean cross-entropy over the shifted labels that are not ignore_index, or divided
     by num_items_in_batch) with `logits=None`; in evaluation, without grad or without labels it runs
-    unchanged. Works before or after FSDP2's fully_shard. Returns a handle; remove() undoes it."""
+    unchanged. Works before or after FSDP2's fully_shard. Returns a handle; remove() undoes it.
+    grads_in_forward=True: the loss's gradients are computed in the forward (no second pass over the
+    logits in backward; one backward per forward): see chunked_loss.py."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not isinstance(head, nn.Linear):
         raise TypeError(f"torch_offload.chunk_lm_loss: {type(model).__name__} has no nn.Linear LM head "
@@ -151,4 +155,6 @@ def chunk_lm_loss(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) ->
         raise ValueError(f"torch_offload.chunk_lm_loss: chunk_tokens={chunk_tokens!r}; expected a positive int")
     if model.__dict__.get(_WRAPPED):
         raise ValueError("torch_offload.chunk_lm_loss: the model's loss is chunked already; call remove() first")
-    return ChunkedLossHandle(model, head, chunk_tokens)
+    if not isinstance(grads_in_forward, bool):
+        raise ValueError(f"torch_offload.chunk_lm_loss: grads_in_forward={grads_in_forward!r}; expected True or False")
+    return ChunkedLossHandle(model, head, chunk_tokens, grads_in_forward)
