@@ -96,7 +96,7 @@ def valid_variant(variant: str) -> bool:
     return variant in VARIANTS or (variant.startswith(("sel:", "sel_re:")) and variant.partition(":")[2] != "")
 
 
-def enable(model, variant):
+def enable(model, variant, auto_budget_gb=None):
     """Turns `variant` on; returns what undoes it."""
     tail = _tail(variant)[1]
     variant, keep = _kept_bytes(variant)
@@ -120,7 +120,8 @@ def enable(model, variant):
     if policy is not None:
         return torch_offload.apply(model, "selective", policy=policy, use_reentrant=reentrant, **kept).remove
     if variant in ("auto", "auto_re"):
-        return torch_offload.apply(model, "auto", use_reentrant=reentrant).remove
+        budget = {} if auto_budget_gb is None else dict(memory_budget_gb=auto_budget_gb)
+        return torch_offload.apply(model, "auto", use_reentrant=reentrant, **budget).remove
     raise ValueError(f"bench_selective: unknown variant {variant!r}; expected one of {VARIANTS} or sel[_re]:POLICY")
 
 
@@ -153,10 +154,21 @@ def noise_floor(model, args) -> dict:
     return result
 
 
+def _auto_budget_gb(args, seq):
+    """--auto-budget-gb: a number, or "ckpt": the peak of this process's last ckpt run at `seq`."""
+    if args.auto_budget_gb != "ckpt":
+        return None if args.auto_budget_gb is None else float(args.auto_budget_gb)
+    peaks = [r["peak_allocated_GB"] for r in args.result["runs"]
+             if r["variant"] == "ckpt" and r["seq"] == seq and "peak_allocated_GB" in r]
+    if not peaks:
+        raise SystemExit("bench_selective: --auto-budget-gb ckpt needs a ckpt run before auto (and a GPU)")
+    return peaks[-1]
+
+
 def run_variant(model, variant, seq, args):
     loss = _loss(variant)[1]
     chunked = None if loss is None else torch_offload.chunk_lm_loss(model, grads_in_forward=loss == "grads_in_forward")
-    undo = enable(model, variant)
+    undo = enable(model, variant, _auto_budget_gb(args, seq) if variant.startswith("auto") else None)
     handle = getattr(undo, "__self__", None)
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
 
@@ -255,6 +267,9 @@ def main():
     p.add_argument("--variants", default="ckpt,torch_sac,hidden,selective,selective_qkv,auto")
     p.add_argument("--rounds", type=int, default=1, help="run the variants this many times, interleaved")
     p.add_argument("--shape", default="reference", choices=("reference", "llama3_8b"))
+    p.add_argument("--auto-budget-gb", default=None,
+                   help="auto's memory_budget_gb: GB, or ckpt: the peak of the ckpt variant run before it at that "
+                        "length (with the model's own loss, where auto's variant has its own: auto/grads_in_forward)")
     p.add_argument("--chunked-loss", nargs="?", const="recompute", choices=("recompute", "grads_in_forward"),
                    help="every variant computes its loss in chunks")
     p.add_argument("--noise-seq", type=int, default=0,
@@ -271,7 +286,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     name = short_gpu_name(args.device) + ("_llama3_8b" if args.shape == "llama3_8b" else "")
     name += {None: "", "recompute": "_chunked_loss", "grads_in_forward": "_loss_grads_in_forward"}[args.chunked_loss]
-    result = new_result(args)
+    result = args.result = new_result(args)
     model = build_llama(args.config, args.device, max(args.seq_list + [args.noise_seq]))
     if args.chunked_loss:
         torch_offload.chunk_lm_loss(model, grads_in_forward=args.chunked_loss == "grads_in_forward")
