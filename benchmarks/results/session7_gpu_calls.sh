@@ -55,3 +55,23 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 (cd python_tests && timeout 280 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda . 2>&1 | tail -15) > $OUT/gpu_pytest_cuda_h100_session7_final.log; tail -3 $OUT/gpu_pytest_cuda_h100_session7_final.log
 timeout 290 python3 benchmarks/bench_selective.py --out /tmp/s8b --shape llama3_8b --seqs 8192 --rounds 2 --steps 3 --warmup 1 --variants ckpt,auto 2>&1 | grep -E "^\| 8192|auto \(budget" | cut -c1-1500
 cp /tmp/s8b/selective_h100_llama3_8b.md $OUT/auto_tail_llama3_8b_rounds_h100.md; cp /tmp/s8b/selective_h100_llama3_8b.json $OUT/auto_tail_llama3_8b_rounds_h100.json
+
+# --- s7call6.sh (nvidia-h100-x1)
+# Session 7, call 6 (H100): the loss's gradients computed in the forward. Llama-3-8B shape at 8k, one
+# process: checkpointing with the model's own loss, checkpointing and auto with the chunked loss
+# computing its gradients in forward, 2 interleaved rounds; then the reference model at 16k the same.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 330 python3 benchmarks/bench_selective.py --out /tmp/s8b --shape llama3_8b --seqs 8192 --rounds 2 --steps 3 --warmup 1 --variants ckpt,ckpt/grads_in_forward,auto/grads_in_forward 2>&1 | grep -E "^\| 8192|auto \(budget" | cut -c1-1800
+cp /tmp/s8b/selective_h100_llama3_8b.md $OUT/auto_loss_grads_in_forward_llama3_8b_h100.md; cp /tmp/s8b/selective_h100_llama3_8b.json $OUT/auto_loss_grads_in_forward_llama3_8b_h100.json
+timeout 200 python3 benchmarks/bench_selective.py --out /tmp/s16 --seqs 16384 --rounds 2 --steps 3 --warmup 1 --variants ckpt,ckpt/grads_in_forward,auto/grads_in_forward 2>&1 | grep -E "^\| 16384|auto \(budget" | cut -c1-1800
+cp /tmp/s16/selective_h100.md $OUT/auto_loss_grads_in_forward_16k_h100.md; cp /tmp/s16/selective_h100.json $OUT/auto_loss_grads_in_forward_16k_h100.json
+
+# --- s7call7.sh (nvidia-h100-x1)
+# Session 7, call 7 (H100): reference model at 16k, auto with the loss's gradients computed in forward
+# and its budget set to checkpointing's peak with the model's own loss (measured just before it in
+# the same process), 2 interleaved rounds.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 400 python3 benchmarks/bench_selective.py --out /tmp/s16 --seqs 16384 --rounds 2 --steps 3 --warmup 1 --variants ckpt,auto/grads_in_forward --auto-budget-gb ckpt 2>&1 | grep -E "^\| 16384|auto \(budget" | cut -c1-2000
+cp /tmp/s16/selective_h100.md $OUT/auto_loss_grads_in_forward_16k_ckpt_budget_h100.md; cp /tmp/s16/selective_h100.json $OUT/auto_loss_grads_in_forward_16k_ckpt_budget_h100.json
