@@ -231,7 +231,7 @@ class AutoHandle(OffloadHandle):
                                 keep_on_device_bytes, tail)
         self.manager = self.current.manager
         if not self.planned and torch.cuda.is_available():
-            n = len(self._blocks)
+            n = len(self._blocks)  # the early phase ends with the last checkpointed block's backward
             self._probe = TailProbe(self._blocks[n - 1 - tail] if tail < n else self._blocks[0],
                                     self._blocks[n - tail:] if tail else ())
 

@@ -7,8 +7,8 @@ Blocks that keep every activation there (an "unchecked tail") skip their recompu
 
 TailProbe measures, on CUDA, in each trial step:
 - the early peak: the highest allocated memory from the step's start until the backward of the
-  first unchecked block (or of the last block, without a tail) has finished: what a tail and a
-  window of kept saves add to;
+  last checkpointed block (the last block without a tail; the one before the tail with one) has
+  finished: what a tail and a window of kept saves add to;
 - a tail block's footprint: the allocated memory its forward adds (every activation it keeps).
 next_tail_trial() turns them, with auto's plan, into the next trial.
 """
