@@ -62,12 +62,20 @@ def _reentrant(variant: str) -> bool:
     return variant.endswith("_re") or variant.startswith("sel_re:")
 
 
+LOSSES = ("chunked", "grads_in_forward")  # chunked losses: VARIANT/LOSS and --chunked-loss LOSS
+
+
 def _loss(variant: str):
-    """VARIANT/LOSS -> (VARIANT, None | "chunked" | "grads_in_forward"); ValueError for another LOSS."""
+    """VARIANT/LOSS -> (VARIANT, None or one of LOSSES); ValueError for another LOSS."""
     base, slash, loss = variant.partition("/")
-    if slash and loss not in ("chunked", "grads_in_forward"):
+    if slash and loss not in LOSSES:
         raise ValueError(loss)
     return base, loss or None
+
+
+def chunk_loss(model, loss: str):
+    """The model's loss in chunks (LOSSES: recomputed in backward, or its gradients in forward)."""
+    return torch_offload.chunk_lm_loss(model, grads_in_forward=loss == "grads_in_forward")
 
 
 def _tail(variant: str):
@@ -167,7 +175,7 @@ def _auto_budget_gb(args, seq):
 
 def run_variant(model, variant, seq, args):
     loss = _loss(variant)[1]
-    chunked = None if loss is None else torch_offload.chunk_lm_loss(model, grads_in_forward=loss == "grads_in_forward")
+    chunked = None if loss is None else chunk_loss(model, loss)
     undo = enable(model, variant, _auto_budget_gb(args, seq) if variant.startswith("auto") else None)
     handle = getattr(undo, "__self__", None)
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
@@ -270,7 +278,7 @@ def main():
     p.add_argument("--auto-budget-gb", default=None,
                    help="auto's memory_budget_gb: GB, or ckpt: the peak of the ckpt variant run before it at that "
                         "length (with the model's own loss, where auto's variant has its own: auto/grads_in_forward)")
-    p.add_argument("--chunked-loss", nargs="?", const="recompute", choices=("recompute", "grads_in_forward"),
+    p.add_argument("--chunked-loss", nargs="?", const="chunked", choices=LOSSES,
                    help="every variant computes its loss in chunks")
     p.add_argument("--noise-seq", type=int, default=0,
                    help="first compare gradients at this length against the noise floor (0: skip)")
@@ -285,11 +293,11 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = short_gpu_name(args.device) + ("_llama3_8b" if args.shape == "llama3_8b" else "")
-    name += {None: "", "recompute": "_chunked_loss", "grads_in_forward": "_loss_grads_in_forward"}[args.chunked_loss]
+    name += {None: "", "chunked": "_chunked_loss", "grads_in_forward": "_loss_grads_in_forward"}[args.chunked_loss]
     result = args.result = new_result(args)
     model = build_llama(args.config, args.device, max(args.seq_list + [args.noise_seq]))
     if args.chunked_loss:
-        torch_offload.chunk_lm_loss(model, grads_in_forward=args.chunked_loss == "grads_in_forward")
+        chunk_loss(model, args.chunked_loss)
 
     def write():
         (out / f"selective_{name}.json").write_text(json.dumps(result, indent=1))

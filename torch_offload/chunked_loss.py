@@ -102,18 +102,17 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total):
         hidden, weight, bias, targets = ctx.saved_tensors
-        grads, _ = _chunked_grads(hidden, weight, bias, targets, ctx.chunk_tokens, ctx.ignore_index, grad_total,
-                                  ctx.needs_input_grad[:3])
+        grads = _chunked_grads(hidden, weight, bias, targets, ctx.chunk_tokens, ctx.ignore_index, grad_total,
+                               ctx.needs_input_grad[:3])
         return (*grads, None, None, None)
 
 
-def _chunked_grads(hidden, weight, bias, targets, chunk_tokens, ignore_index, grad_total, needs):
+def _chunked_grads(hidden, weight, bias, targets, chunk_tokens, ignore_index, grad_total, needs, total=None):
     """The gradients of the summed loss times grad_total for hidden, weight and bias (None where
-    `needs` says not needed), and the summed loss, chunk by chunk."""
+    `needs` says not needed), chunk by chunk; the summed loss is added into `total` when given."""
     need_hidden, need_weight, need_bias = needs
     grad_hidden = torch.empty_like(hidden) if need_hidden else None
     grad_weight = grad_bias = None
-    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], chunk_tokens):
         end = start + chunk_tokens
         chunk = hidden[start:end]
@@ -123,7 +122,8 @@ def _chunked_grads(hidden, weight, bias, targets, chunk_tokens, ignore_index, gr
             logits = F.linear(chunk, weight, bias).detach().requires_grad_()
             loss = F.cross_entropy(logits.float(), targets[start:end], ignore_index=ignore_index, reduction="sum")
             (grad_logits,) = torch.autograd.grad(loss, logits, grad_total)
-        total += loss.detach()
+        if total is not None:
+            total += loss.detach()
         if need_hidden:
             torch.mm(grad_logits, weight, out=grad_hidden[start:end])
         if need_weight:
@@ -135,7 +135,7 @@ def _chunked_grads(hidden, weight, bias, targets, chunk_tokens, ignore_index, gr
             part = grad_logits.sum(0)
             grad_bias = part if grad_bias is None else grad_bias.add_(part)
         del logits, loss, grad_logits
-    return (grad_hidden, grad_weight, grad_bias), total
+    return grad_hidden, grad_weight, grad_bias
 
 
 class _CrossEntropyGradsInForward(torch.autograd.Function):
@@ -146,8 +146,9 @@ class _CrossEntropyGradsInForward(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, targets, chunk_tokens, ignore_index, divisor):
         # What backward would receive through `total / divisor` for loss.backward(): 1 / divisor.
         scale = torch.ones((), dtype=torch.float32, device=hidden.device) / divisor
-        ctx.grads, total = _chunked_grads(hidden, weight, bias, targets, chunk_tokens, ignore_index, scale,
-                                          ctx.needs_input_grad[:3])
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        ctx.grads = _chunked_grads(hidden, weight, bias, targets, chunk_tokens, ignore_index, scale,
+                                   ctx.needs_input_grad[:3], total)
         return total / divisor
 
     @staticmethod

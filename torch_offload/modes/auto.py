@@ -183,7 +183,7 @@ class AutoHandle(OffloadHandle):
         self._round = 0  # rounds of further trials queued: 1 windows, 2 smaller windows, 3+ tails
         self._probe: Optional[TailProbe] = None
         self._steps = 0  # steps finished under the current candidate
-        self._timed = []  # (seconds, peak allocated GB, bytes to host) of its timed steps
+        self._timed = []  # (seconds, peak allocated GB, bytes to host, early peak GB) of its timed steps
         self._started: Optional[float] = None
         self.current: Optional[OffloadHandle] = None  # the candidate's handle in use
         self._switch(*self._trials[0])
@@ -232,8 +232,7 @@ class AutoHandle(OffloadHandle):
         self.manager = self.current.manager
         if not self.planned and torch.cuda.is_available():
             n = len(self._blocks)  # the early phase ends with the last checkpointed block's backward
-            self._probe = TailProbe(self._blocks[n - 1 - tail] if tail < n else self._blocks[0],
-                                    self._blocks[n - tail:] if tail else ())
+            self._probe = TailProbe(self._blocks[n - 1 - tail], self._blocks[n - tail:] if tail else ())
 
     def _remove_probe(self) -> None:
         if self._probe is not None:

@@ -25,8 +25,8 @@ TAIL_TRIES = 4  # trials with an unchecked tail, at most
 
 class TailProbe:
     """Forward hooks on the blocks that read the CUDA allocator's statistics (host-side counters,
-    no synchronisation). `boundary` is the block whose input gradient marks the end of the early
-    phase; `tail` the unchecked blocks whose footprint is measured."""
+    no synchronisation; built where CUDA is available). `boundary` is the block whose input gradient
+    marks the end of the early phase; `tail` the unchecked blocks whose footprint is measured."""
 
     def __init__(self, boundary: nn.Module, tail: Iterable[nn.Module]):
         self.early_peak_gb: Optional[float] = None  # of the last step that reached the boundary
@@ -53,7 +53,7 @@ class TailProbe:
         self.early_peak_gb = torch.cuda.max_memory_allocated() / GB
 
     def _on_tail_start(self, module, args):
-        if module.training and torch.is_grad_enabled() and torch.cuda.is_available():
+        if module.training and torch.is_grad_enabled():
             self._before = torch.cuda.memory_allocated()
 
     def _on_tail_end(self, module, args, output):
