@@ -4,17 +4,8 @@ import pytest
 import torch
 
 import torch_offload
-from conftest import DEVICES, assert_same_grads
-from test_models import _llama_step, _tiny_llama
-
-
-def _train_alike(ours, reference, device, steps):
-    ids = torch.randint(0, 256, (2, 32), device=device)
-    for _ in range(steps):
-        for m in (ours, reference):
-            m.zero_grad(set_to_none=True)
-        assert torch.equal(_llama_step(ours, ids, device), _llama_step(reference, ids, device))
-        assert_same_grads(ours, reference)
+from conftest import DEVICES
+from test_models import _steps_match_plain, _tiny_llama
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -25,7 +16,7 @@ def test_auto_trains_like_checkpointing_through_every_trial_and_keeps_one(device
     handle = torch_offload.apply(ours, "auto")
     # 4 candidates x 3 trial steps; the 13th step's forward closes the last trial and decides. On
     # CUDA, room under the budget adds a trial (or two) of the fastest with saves kept on the GPU.
-    _train_alike(ours, reference, device, steps=28)
+    _steps_match_plain(ours, reference, device, steps=28)
     assert handle.planned and [r["candidate"] for r in handle.plan][:4] == [
         "hidden_states", "selective:attention", "selective:attention+qkv+out_proj", "checkpointing"]
     assert len(handle.plan) == 4 or (device == "cuda" and all(r["keep_on_device_bytes"] for r in handle.plan[4:]))

@@ -13,7 +13,7 @@ from conftest import cuda_only
 from torch_offload import link_budget
 from torch_offload.link_budget import window_for
 from torch_offload.modes.auto import GB, keep_on_device_bytes_for
-from test_models import _llama_step, _steps_match_plain, _tiny_llama
+from test_models import _steps_match_plain, _tiny_llama
 
 
 def test_the_manager_reports_and_copies_its_window():
@@ -116,11 +116,7 @@ def test_auto_tries_the_fastest_candidate_again_with_saves_kept_within_the_budge
     # A budget with room to spare: the kept trial fits whatever it keeps.
     handle = torch_offload.apply(ours, "auto", trial_steps=1, memory_budget_gb=1000.0,
                                  candidates=["hidden_states", "selective:attention"])
-    ids = torch.randint(0, 256, (2, 32), device="cuda")
-    for _ in range(7):
-        for m in (ours, reference):
-            m.zero_grad(set_to_none=True)
-        assert torch.equal(_llama_step(ours, ids, "cuda"), _llama_step(reference, ids, "cuda"))
+    _steps_match_plain(ours, reference, "cuda", steps=7)
     assert handle.planned
     tried, kept = handle.plan[:2], handle.plan[2:]
     fastest = min(tried, key=lambda r: r["step_s"])
