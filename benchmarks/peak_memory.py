@@ -54,20 +54,26 @@ def _describe(frame):
     return f"{where} | {text[:110]}"
 
 
-def timeline(snapshot, baseline: int, points: int = 1500) -> list:
-    """Allocated GB after each traced alloc/free of device 0, thinned to about `points` values (each
-    kept value is the largest of its stretch, so the peak survives)."""
-    trace = snapshot["device_traces"][0]
-    sizes, total, series = {}, baseline, []
+def _allocated(trace, baseline: int):
+    """Replays a device trace: (whether the event allocated or freed, allocated bytes after it) for
+    each event."""
+    sizes, total = {}, baseline
     for ev in trace:
+        changed = True
         if ev["action"] == "alloc":
             sizes[ev["addr"]] = ev["size"]
             total += ev["size"]
         elif ev["action"] == "free_completed" and ev["addr"] in sizes:
             total -= sizes.pop(ev["addr"])
         else:
-            continue
-        series.append(total / GB)
+            changed = False
+        yield changed, total
+
+
+def timeline(snapshot, baseline: int, points: int = 1500) -> list:
+    """Allocated GB after each traced alloc/free of device 0, thinned to about `points` values (each
+    kept value is the largest of its stretch, so the peak survives)."""
+    series = [total / GB for changed, total in _allocated(snapshot["device_traces"][0], baseline) if changed]
     stride = max(1, len(series) // points)
     return [round(max(series[i:i + stride]), 4) for i in range(0, len(series), stride)]
 
@@ -128,17 +134,8 @@ def backward_profile(snapshot, baseline: int, marks: dict, points: int = 20) -> 
     variants compared at the same progress through backward, not only at their own peaks."""
     trace = snapshot["device_traces"][0]
     start = marks.get("backward_event", len(trace))
-    sizes, total, profile = {}, baseline, []
     marks_at = {start + (len(trace) - start) * k // points for k in range(1, points + 1)}
-    for i, ev in enumerate(trace):
-        if ev["action"] == "alloc":
-            sizes[ev["addr"]] = ev["size"]
-            total += ev["size"]
-        elif ev["action"] == "free_completed" and ev["addr"] in sizes:
-            total -= sizes.pop(ev["addr"])
-        if i + 1 in marks_at:
-            profile.append(round(total / GB, 3))
-    return profile
+    return [round(total / GB, 3) for i, (_, total) in enumerate(_allocated(trace, baseline)) if i + 1 in marks_at]
 
 
 def _fsdp_group():
