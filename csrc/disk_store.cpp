@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <system_error>
@@ -24,6 +25,21 @@ namespace {
 std::string errno_text(int err) { return std::string(std::strerror(err)); }
 
 bool is_full(int err) { return err == ENOSPC || err == EDQUOT; }
+
+size_t whole_blocks(size_t size) {
+  const size_t block = DiskStore::kDirectIoBlock;
+  return (size + block - 1) / block * block;
+}
+
+bool block_aligned(const void* data) {
+  return reinterpret_cast<uintptr_t>(data) % DiskStore::kDirectIoBlock == 0;
+}
+
+// Switches O_DIRECT on or off for `fd`; false where the filesystem refuses.
+bool set_direct(int fd, bool on) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  return flags >= 0 && ::fcntl(fd, F_SETFL, on ? flags | O_DIRECT : flags & ~O_DIRECT) == 0;
+}
 
 // Each live file holds a descriptor: let the process use as many as its hard limit allows.
 void raise_open_file_limit() {
@@ -61,7 +77,8 @@ int open_checked_directory(const std::string& path, const char* what) {
 
 }  // namespace
 
-DiskStore::DiskStore(const std::string& directory, int io_threads) : directory_(directory) {
+DiskStore::DiskStore(const std::string& directory, int io_threads, bool direct_io)
+    : directory_(directory), direct_io_(direct_io) {
   TORCH_CHECK(!directory_.empty(), "torch_offload: the disk tier needs a directory (disk_dir)");
   TORCH_CHECK(io_threads >= 1, "torch_offload: need at least one IO thread");
   if (::mkdir(directory_.c_str(), 0700) != 0 && errno != EEXIST) {
@@ -71,11 +88,19 @@ DiskStore::DiskStore(const std::string& directory, int io_threads) : directory_(
   dir_fd_ = open_checked_directory(directory_, "disk_dir");
   raise_open_file_limit();
   try {
-    remove(new_file(1).id);  // fails here, not at the first save, when nothing can be written
+    // Fails here, not at the first save, when nothing can be written; and asks the filesystem
+    // whether it does direct IO (one answer for the store: its files share the filesystem).
+    const NewFile probe = new_file(1);
+    direct_io_ = files_.at(probe.id).direct;
+    remove(probe.id);
   } catch (const c10::Error& e) {
     close_all();
     TORCH_CHECK(false, "torch_offload: disk_dir ", directory_,
                 " is not writable: ", e.what_without_backtrace());
+  }
+  if (direct_io && !direct_io_) {
+    TORCH_WARN("torch_offload: the filesystem of disk_dir ", directory_,
+               " does not do direct IO (O_DIRECT): the disk tier goes through the page cache");
   }
   try {
     for (int i = 0; i < io_threads; ++i) {
@@ -168,13 +193,15 @@ DiskStore::NewFile DiskStore::new_file(size_t size) {
         errno_text(err),
         err == EMFILE ? " (each tensor on disk holds a file descriptor: raise ulimit -n)" : "");
   }
-  File file{fd, nullptr, size, {}};
+  const bool direct = direct_io_ && set_direct(fd, true);
+  File file{fd, nullptr, direct ? whole_blocks(size) : size, direct, {}};
   if (size > 0) {
     // Reserve the space now: a full disk is reported by this save, and is never stale.
-    int err = ::fallocate(fd, 0, 0, static_cast<off_t>(size)) == 0 ? 0 : errno;
-    if (err == EOPNOTSUPP) err = ::ftruncate(fd, static_cast<off_t>(size)) == 0 ? 0 : errno;
-    void* map =
-        err != 0 ? MAP_FAILED : ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    const auto bytes = static_cast<off_t>(file.size);
+    int err = ::fallocate(fd, 0, 0, bytes) == 0 ? 0 : errno;
+    if (err == EOPNOTSUPP) err = ::ftruncate(fd, bytes) == 0 ? 0 : errno;
+    void* map = err != 0 ? MAP_FAILED
+                         : ::mmap(nullptr, file.size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) {
       if (err == 0) err = errno;
       ::close(fd);
@@ -188,6 +215,19 @@ DiskStore::NewFile DiskStore::new_file(size_t size) {
   const int64_t id = next_id_++;
   files_.emplace(id, file);
   return NewFile{id, file.map != nullptr ? file.map : &empty_file_data};
+}
+
+size_t DiskStore::buffer_size(size_t size) const { return direct_io_ ? whole_blocks(size) : size; }
+
+bool DiskStore::direct_io() const { return direct_io_; }
+
+// Whether a transfer of file `id` from or to `data` goes around the page cache. A buffer not
+// aligned to a block cannot: the file goes through the page cache from then on.
+bool DiskStore::direct_transfer(int64_t id, const void* data) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  File& file = files_.at(id);
+  if (file.direct && !block_aligned(data) && set_direct(file.fd, false)) file.direct = false;
+  return file.direct;
 }
 
 std::string DiskStore::describe(int64_t id) const {
@@ -208,6 +248,8 @@ FileChecksum DiskStore::timed_checksum(const void* data, size_t size) {
 // Full-buffer write/read loops: the kernel may transfer fewer bytes than asked.
 std::string DiskStore::write_file(int64_t id, const void* data, size_t size, bool* full) {
   const FileChecksum checksum = timed_checksum(data, size);
+  const bool direct = direct_transfer(id, data);
+  const size_t length = direct ? whole_blocks(size) : size;  // the buffer holds the padding
   int fd;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -220,8 +262,8 @@ std::string DiskStore::write_file(int64_t id, const void* data, size_t size, boo
   }
   const char* p = static_cast<const char*>(data);
   size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pwrite(fd, p + done, size - done, static_cast<off_t>(done));
+  while (done < length) {
+    const ssize_t n = ::pwrite(fd, p + done, length - done, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = n < 0 ? errno : ENOSPC;
@@ -247,10 +289,12 @@ std::string DiskStore::read(int64_t id, void* data, size_t size) {
     expected = file.checksum;
   }
   char* p = static_cast<char*>(data);
-  const size_t cached = read_cached_prefix(fd, p, size);
+  const bool direct = direct_transfer(id, data);
+  const size_t length = direct ? whole_blocks(size) : size;
+  const size_t cached = direct ? 0 : read_cached_prefix(fd, p, size);  // direct: never cached
   size_t done = cached;
-  while (done < size) {
-    const ssize_t n = ::pread(fd, p + done, size - done, static_cast<off_t>(done));
+  while (done < length) {
+    const ssize_t n = ::pread(fd, p + done, length - done, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       return "reading " + describe(id) +

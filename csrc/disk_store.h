@@ -5,6 +5,10 @@
 // is created): no other process can open, replace or plant them, two stores sharing a directory
 // never see each other's files, and nothing is left behind however the process ends. Each file's
 // CRC32C is checked on every read.
+// With direct IO (O_DIRECT) the bytes go between the caller's buffer and the disk without a copy
+// in the page cache: for hosts whose RAM cannot hold what is offloaded, where the page cache would
+// only add a copy and push other data out. Transfers are then whole blocks of kDirectIoBlock bytes
+// from memory aligned to it: buffers must hold buffer_size(size) bytes.
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -23,7 +27,9 @@ class DiskStore {
  public:
   // Opens `directory` (created 0700 if missing) and checks that files can be made there. Refuses
   // a directory that another user owns and everyone may write to. Throws a clear error.
-  DiskStore(const std::string& directory, int io_threads);
+  // With `direct_io`, files are read and written with O_DIRECT where the filesystem allows it
+  // (elsewhere through the page cache, and direct_io() says so).
+  DiskStore(const std::string& directory, int io_threads, bool direct_io = false);
   ~DiskStore();
   DiskStore(const DiskStore&) = delete;
   DiskStore& operator=(const DiskStore&) = delete;
@@ -38,13 +44,17 @@ class DiskStore {
     // bytes once their write finished. Valid until remove(id).
     void* data;
   };
+  static constexpr size_t kDirectIoBlock = 4096;
+
   // A new file of `size` bytes, its space reserved where the filesystem can (a full disk is an
   // error here, not at the write). Throws a clear error.
   NewFile new_file(size_t size);
-  // After `ready()` returns, writes `size` bytes at `data` into file `id`.
+  // After `ready()` returns, writes `size` bytes at `data` into file `id` (with direct IO,
+  // buffer_size(size) bytes: the padding is written too).
   void write_async(int64_t id, std::function<void()> ready, const void* data, size_t size,
                    Done done);
-  // Reads file `id` into `data` (`size` bytes) and checks its checksum.
+  // Reads file `id` into `data` (`size` bytes; buffer_size(size) with direct IO) and checks its
+  // checksum.
   void read_async(int64_t id, void* data, size_t size, Done done);
   // The same, on the calling thread; returns the error ("" if none).
   std::string read(int64_t id, void* data, size_t size);
@@ -52,6 +62,11 @@ class DiskStore {
   void remove(int64_t id);
   // Whether `bytes` more would fit on the filesystem now (a full disk may have been freed).
   bool has_room(size_t bytes) const;
+
+  // Bytes a buffer passed to write_async / read for a file of `size` bytes must hold.
+  size_t buffer_size(size_t size) const;
+  // Whether files are read and written around the page cache (asked for and supported).
+  bool direct_io() const;
 
   const std::string& directory() const { return directory_; }
   int64_t files_on_disk() const;
@@ -68,10 +83,12 @@ class DiskStore {
   struct File {
     int fd = -1;
     void* map = nullptr;
-    size_t size = 0;
+    size_t size = 0;          // of the file (the mapping): whole blocks with direct IO
+    bool direct = false;      // opened with O_DIRECT
     FileChecksum checksum{};  // of the bytes written
   };
   int create_unnamed_file();
+  bool direct_transfer(int64_t id, const void* data);
   std::string write_file(int64_t id, const void* data, size_t size, bool* full);
   std::string describe(int64_t id) const;
   size_t read_cached_prefix(int fd, char* data, size_t size);
@@ -94,6 +111,7 @@ class DiskStore {
   int64_t bytes_read_ = 0;
   int64_t bytes_read_cached_ = 0;
   bool page_cache_share_known_ = true;
+  bool direct_io_;  // asked for and the filesystem allows it (set once, by the constructor)
   double checksum_ms_ = 0.0;
   bool simulate_full_ = false;
   bool stopping_ = false;

@@ -198,10 +198,10 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
 };
 
 DiskTier::DiskTier(const std::string& directory, int io_threads, int64_t max_writes_in_flight,
-                   std::unique_ptr<HostAllocator> staging_allocator)
+                   std::unique_ptr<HostAllocator> staging_allocator, bool direct_io)
     : max_writes_in_flight_(std::max<int64_t>(1, max_writes_in_flight)),
       staging_pool_(std::make_shared<HostBufferPool>(std::move(staging_allocator), 0)),
-      store_(std::make_unique<DiskStore>(directory, io_threads)) {}
+      store_(std::make_unique<DiskStore>(directory, io_threads, direct_io)) {}
 
 DiskTier::~DiskTier() = default;
 
@@ -209,7 +209,7 @@ HostBlock DiskTier::acquire_staging(size_t nbytes, FaultSite site) {
   TORCH_CHECK(!fault_injected(site),
               "torch_offload: out of host memory for a disk staging buffer of ", nbytes,
               " bytes (injected by a test)");
-  return staging_pool_->acquire(nbytes);
+  return staging_pool_->acquire(store_->buffer_size(nbytes));
 }
 
 void DiskTier::check_before_save() {
@@ -265,6 +265,7 @@ void DiskTier::add_stats(OffloadStats& s) {
   s.disk_bytes_read = store_->bytes_read();
   s.disk_bytes_read_from_page_cache = store_->bytes_read_from_page_cache();
   s.disk_checksum_ms = store_->checksum_ms();
+  s.disk_direct_io = store_->direct_io() ? 1 : 0;
   std::lock_guard<std::mutex> lock(mutex_);
   s.host_wait_ms += host_wait_ms_;
 }

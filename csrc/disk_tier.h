@@ -19,9 +19,10 @@ class DiskStored;
 
 class DiskTier : public Tier {
  public:
-  // `max_writes_in_flight` bounds the staging buffers held by writes (0 counts as 1).
+  // `max_writes_in_flight` bounds the staging buffers held by writes (0 counts as 1);
+  // `direct_io`: files bypass the page cache where the filesystem allows it (DiskStore).
   DiskTier(const std::string& directory, int io_threads, int64_t max_writes_in_flight,
-           std::unique_ptr<HostAllocator> staging_allocator);
+           std::unique_ptr<HostAllocator> staging_allocator, bool direct_io = false);
   ~DiskTier() override;
 
   void check_before_save() override;
@@ -35,7 +36,8 @@ class DiskTier : public Tier {
 
  private:
   friend class DiskStored;
-  // A staging buffer for `nbytes`, failing at `site` when a test injects a fault there.
+  // A staging buffer for a file of `nbytes` (padded for direct IO), failing at `site` when a test
+  // injects a fault there.
   HostBlock acquire_staging(size_t nbytes, FaultSite site);
 
   const int64_t max_writes_in_flight_;

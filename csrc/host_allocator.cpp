@@ -10,9 +10,10 @@ namespace {
 class PageableAllocator final : public HostAllocator {
  public:
   void* allocate(size_t bytes) override {
-    // 64-byte alignment keeps vectorised CPU copies fast and matches what the DMA engines like.
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    return std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    // Page alignment, as pinned memory has: the disk tier's direct IO needs block-aligned buffers.
+    constexpr size_t kAlign = 4096;
+    const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+    return std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
   }
   void release(void* ptr) override { std::free(ptr); }
   bool pinned() const override { return false; }

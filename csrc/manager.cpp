@@ -42,11 +42,14 @@ Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> tr
       std::make_shared<HostBufferPool>(std::move(allocator), config.host_budget_bytes));
   TORCH_CHECK(!config.disk_only || !config.disk_dir.empty(),
               "torch_offload: the disk mode needs a disk_dir");
+  TORCH_CHECK(!config.disk_direct_io || !config.disk_dir.empty(),
+              "torch_offload: disk_direct_io=True is for the disk tier, and there is none without "
+              "a disk_dir");
   if (!config.disk_only) save_tiers_.push_back(host_.get());
   if (!config.disk_dir.empty()) {
     disk_ = std::make_unique<DiskTier>(
         config.disk_dir, static_cast<int>(config.io_threads), config.max_in_flight,
-        pinned ? make_default_host_allocator() : make_pageable_allocator());
+        pinned ? make_default_host_allocator() : make_pageable_allocator(), config.disk_direct_io);
     save_tiers_.push_back(disk_.get());
   }
 }

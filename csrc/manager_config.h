@@ -26,6 +26,11 @@ struct ManagerConfig {
   // Files read into host memory ahead of their restore, in backward order (at least
   // prefetch_depth; none when prefetch_depth is 0): a file read takes longer than a device copy.
   int64_t disk_read_ahead = 3;
+  // The disk tier's files bypass the page cache (O_DIRECT, where the filesystem allows it): for
+  // hosts whose RAM cannot hold what goes to disk, where the page cache only adds a copy of each
+  // byte and pushes other data out. Off by default: where RAM is plentiful the page cache serves
+  // backward's reads at memory speed.
+  bool disk_direct_io = false;
   // Each save first makes the compute stream wait for the copies of earlier saves and releases
   // their sources in stream order. For saves a layer apart (checkpoint boundaries, compiled graphs
   // whose host runs far ahead of the GPU) the wait is free and the memory is reusable at once;

@@ -18,7 +18,8 @@ def test_bench_cli_smoke(tmp_path):
     out = tmp_path / "bench.json"
     run = subprocess.run(
         [sys.executable, "-m", "torch_offload.bench", "--model", "tiny", "--device", "cpu", "--seqs", "32",
-         "--warmup", "0", "--steps", "1", "--modes", "none,checkpointing,hidden_states,hidden_states_disk,all",
+         "--warmup", "0", "--steps", "1", "--modes",
+         "none,checkpointing,hidden_states,hidden_states_disk,hidden_states_disk_direct,all",
          "--min-bytes", "0", "--disk-dir", str(tmp_path), "--json", str(out), "--png", str(tmp_path / "bench.png"), "--trace", str(tmp_path / "traces"), "--no-progress"],
         capture_output=True, text=True, cwd=REPO, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -26,7 +27,8 @@ def test_bench_cli_smoke(tmp_path):
     result = json.loads(out.read_text())
     assert "| seq | variant | tokens/s | x checkpointing |" in printed
     runs = {r["variant"]: r for r in json.loads(out.read_text())["runs"]}
-    assert set(runs) == {"none", "checkpointing", "hidden_states", "hidden_states_disk", "all"}
+    assert set(runs) == {"none", "checkpointing", "hidden_states", "hidden_states_disk", "hidden_states_disk_direct",
+                         "all"}
     assert all(r["tokens_per_s"] > 0 and "error" not in r for r in runs.values())
     assert runs["checkpointing"]["x_checkpointing"] == 1.0
     assert runs["hidden_states"]["moved_MB"] > 0 and runs["all"]["moved_MB"] > 0
@@ -35,6 +37,15 @@ def test_bench_cli_smoke(tmp_path):
     disk = runs["hidden_states_disk"]
     assert disk["disk_written_MB"] == pytest.approx(disk["moved_MB"] / 2)
     assert 0 < disk["disk_read_MB"] < disk["disk_written_MB"]
+    assert disk["disk_direct_io"] == 0 and disk["page_cache_share"] > 0
+    # The disk's own bandwidth is measured beside the disk rows; direct IO where it can be had.
+    bandwidth = result["disk_bandwidth"]
+    if "error" not in bandwidth:
+        assert bandwidth["direct_write_GBps"] > 0 and bandwidth["direct_read_GBps"] > 0
+        direct = runs["hidden_states_disk_direct"]
+        assert direct["disk_direct_io"] == 1 and direct["page_cache_share"] == 0
+        assert direct["disk_written_MB"] == pytest.approx(disk["disk_written_MB"])
+    assert "disk_dir's own bandwidth" in printed
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     trace = json.loads(Path(runs["all"]["trace"]).read_text())
     assert trace["traceEvents"]

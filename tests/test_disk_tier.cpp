@@ -36,15 +36,17 @@ at::Tensor values(int64_t n, int64_t seed) {
   return at::arange(n, at::kFloat).mul_(0.5).add_(static_cast<double>(seed));
 }
 
-enum class TierKind { kHost, kDisk, kSpill };
+// kDirect: the disk tier with direct IO (O_DIRECT; the page cache where the filesystem refuses).
+enum class TierKind { kHost, kDisk, kSpill, kDirect };
 
 ManagerConfig config_for(TierKind kind, const std::string& dir) {
   ManagerConfig config;
   config.max_in_flight = 4;
   config.prefetch_depth = 2;
-  if (kind == TierKind::kDisk) {
+  if (kind == TierKind::kDisk || kind == TierKind::kDirect) {
     config.disk_dir = dir;
     config.disk_only = true;
+    config.disk_direct_io = kind == TierKind::kDirect;
   } else if (kind == TierKind::kSpill) {
     config.disk_dir = dir;
     config.host_budget_bytes = 8192;  // the first tensor stays in host memory, the rest spill
@@ -177,12 +179,15 @@ std::string tier_name(const ::testing::TestParamInfo<TierKind>& info) {
       return "Disk";
     case TierKind::kSpill:
       return "Spill";
+    case TierKind::kDirect:
+      return "DiskDirectIo";
   }
   return "";
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, TierTest,
-                         ::testing::Values(TierKind::kHost, TierKind::kDisk, TierKind::kSpill),
+                         ::testing::Values(TierKind::kHost, TierKind::kDisk, TierKind::kSpill,
+                                           TierKind::kDirect),
                          tier_name);
 
 class DiskHandleTest : public ::testing::Test {

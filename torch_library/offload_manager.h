@@ -16,12 +16,13 @@ namespace torch_offload {
 class OffloadManager : public torch::CustomClassHolder {
  public:
   // Pickled configuration: {max_in_flight, prefetch_depth, host_budget_bytes, synchronous,
-  // disk_only, release_sources_on_save, keep_on_device_bytes} and disk_dir.
+  // disk_only, release_sources_on_save, keep_on_device_bytes, disk_direct_io} and disk_dir.
   using State = std::tuple<std::vector<int64_t>, std::string>;
 
   OffloadManager(int64_t max_in_flight, int64_t prefetch_depth, int64_t host_budget_bytes,
                  bool synchronous = false, std::string disk_dir = "", bool disk_only = false,
-                 bool release_sources_on_save = false, int64_t keep_on_device_bytes = 0);
+                 bool release_sources_on_save = false, int64_t keep_on_device_bytes = 0,
+                 bool disk_direct_io = false);
 
   int64_t id() const { return manager_->id(); }
   c10::Dict<std::string, double> stats() const;
@@ -38,6 +39,8 @@ class OffloadManager : public torch::CustomClassHolder {
   bool synchronous() const { return manager_->config().synchronous; }
   std::string disk_dir() const { return manager_->config().disk_dir; }
   bool disk_only() const { return manager_->config().disk_only; }
+  // Asked for; stats()["disk_direct_io"] says whether the filesystem does it.
+  bool disk_direct_io() const { return manager_->config().disk_direct_io; }
   bool release_sources_on_save() const { return manager_->config().release_sources_on_save; }
   int64_t keep_on_device_bytes() const { return manager_->keep_on_device_bytes(); }
   void set_keep_on_device_bytes(int64_t bytes) { manager_->set_keep_on_device_bytes(bytes); }

@@ -112,6 +112,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
     smaller than `min_bytes`. Options: `max_in_flight` (copies in flight before forward blocks),
     `prefetch_depth` (tensors copied back ahead of need in backward), `host_budget_bytes`
     (0 = unlimited) or `node_host_budget_bytes` (shared by the ranks of a node), `disk_dir` (the disk tier: where "disk" writes, where "all" spills),
+    `disk_direct_io` (its files bypass the page cache: see OffloadManager),
     `keep_on_device_bytes` (the newest saves, up to that many bytes, stay on the GPU uncopied: see
     OffloadManager), or a ready `manager`. `on_offload(t)` is called with each tensor offloaded (modules mode counts them).
     Leaving the context after tensors were saved but none offloaded warns once, saying why
@@ -135,6 +136,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         keep: Iterable[torch.Tensor] = (),
         disk_dir: Optional[str] = None,
         keep_on_device_bytes: int = 0,
+        disk_direct_io: bool = False,
         on_offload: Optional[Callable[[torch.Tensor], None]] = None,
         warn_on_exit: bool = True,
     ):
@@ -152,6 +154,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
                 disk_dir=disk_dir or "",
                 disk_only=self.mode == "disk",
                 keep_on_device_bytes=keep_on_device_bytes,
+                disk_direct_io=disk_direct_io,
             )
         self.manager = manager
         self.counts = counts = StepCounts()

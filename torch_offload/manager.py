@@ -24,6 +24,7 @@ def OffloadManager(
     release_sources_on_save: bool = False,
     node_host_budget_bytes: int = 0,
     keep_on_device_bytes: int = 0,
+    disk_direct_io: bool = False,
 ):
     """Creates a torch.classes.offload.OffloadManager.
 
@@ -44,6 +45,11 @@ def OffloadManager(
         from the memory budget; apply(mode="all" | "modules", keep_on_device_bytes="auto") from the
         link, each step: torch_offload/link_budget.py). Not with synchronous or disk_dir. The
         manager's set_keep_on_device_bytes(n) changes it between steps.
+    disk_direct_io: the disk tier's files bypass the page cache (O_DIRECT): for hosts whose RAM
+        cannot hold what goes to disk, where the page cache only adds a copy of every byte and
+        pushes other data out. Off by default: with RAM to spare the page cache serves backward's
+        reads at memory speed. Where the filesystem refuses O_DIRECT a warning says so and
+        stats()["disk_direct_io"] is 0. Needs disk_dir.
     """
     if keep_on_device_bytes == "auto":
         raise ValueError("torch_offload.OffloadManager: keep_on_device_bytes='auto' is taken by "
@@ -53,7 +59,7 @@ def OffloadManager(
         host_budget_bytes = node_budget.rank_share(node_host_budget_bytes, host_budget_bytes)
     manager = torch.classes.offload.OffloadManager(
         max_in_flight, prefetch_depth, host_budget_bytes, synchronous, str(disk_dir), disk_only,
-        release_sources_on_save, keep_on_device_bytes,
+        release_sources_on_save, keep_on_device_bytes, disk_direct_io,
     )
     if node_host_budget_bytes:
         node_budget.register(manager, node_host_budget_bytes)

@@ -12,20 +12,22 @@ Examples:
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
 from .common import build_llama, gpu_name, new_result, pinned_bandwidth, table
+from .disk_bandwidth import disk_bandwidth
 from .plot import plot
-from .runner import MODES, SHAPES, VARIANTS, add_link_utilisation, add_ratios, run
+from .runner import DISK_VARIANTS, MODES, SHAPES, VARIANTS, add_link_utilisation, add_ratios, run
 
 COLUMNS = [("tokens/s", "tokens_per_s", "{:.0f}"), ("x checkpointing", "x_checkpointing", "{:.3f}"),
            ("peak allocated GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
            ("moved MB/step", "moved_MB", "{:.1f}"), ("compute wait ms/step", "compute_wait_ms", "{:.1f}"),
            ("host wait ms/step", "host_wait_ms", "{:.1f}"), ("D2H link use", "d2h_link_use", "{:.2f}"),
            ("H2D link use", "h2d_link_use", "{:.2f}"), ("disk read MB/step", "disk_read_MB", "{:.1f}"),
-           ("read from page cache", "page_cache_share", "{:.2f}"), ("checksum ms/step", "checksum_ms", "{:.1f}")]
+           ("read from page cache", "page_cache_share", "{:.2f}"), ("direct IO", "disk_direct_io", "{:.0f}"), ("checksum ms/step", "checksum_ms", "{:.1f}")]
 
 
 def parse_args(argv=None):
@@ -43,6 +45,9 @@ def parse_args(argv=None):
     parser.add_argument("--prefetch-depth", type=int, default=None, help="prefetch_depth of our modes (default apply()'s)")
     parser.add_argument("--max-in-flight", type=int, default=None, help="max_in_flight of our modes (default apply()'s)")
     parser.add_argument("--disk-dir", default=None, help="disk_dir of the disk and hidden_states_disk modes (default: the temp dir)")
+    parser.add_argument("--disk-direct-io", action="store_true",
+                        help="disk_direct_io=True for the disk and hidden_states_disk modes (files bypass the page "
+                             "cache; hidden_states_disk_direct is hidden_states_disk with it)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--png", default=None, help="write a plot of peak memory and tokens/s here (matplotlib)")
     parser.add_argument("--trace", default=None, help="folder for one profiler trace per run of our modes")
@@ -77,7 +82,9 @@ def main(argv=None) -> dict:
         result["link_bandwidth"] = pinned_bandwidth()
     model = build_llama(args.config, args.device, max(args.seq_list))
     options = {"min_bytes": args.min_bytes, "disk_dir": args.disk_dir, "prefetch_depth": args.prefetch_depth,
-               "max_in_flight": args.max_in_flight}
+               "max_in_flight": args.max_in_flight, "disk_direct_io": args.disk_direct_io or None}
+    if any(v in DISK_VARIANTS for v in args.variants):
+        result["disk_bandwidth"] = disk_bandwidth(args.disk_dir or tempfile.gettempdir())
     trace_dir = Path(args.trace) if args.trace else None
     if trace_dir is not None:
         trace_dir.mkdir(parents=True, exist_ok=True)
@@ -98,6 +105,10 @@ def main(argv=None) -> dict:
             add_link_utilisation(row, result["link_bandwidth"])
     print(f"{args.model} Llama on {gpu_name(args.device)}, batch 1, median of {args.steps} steps")
     print("\n".join(table(result["runs"], COLUMNS)))
+    if "disk_bandwidth" in result:
+        print("disk_dir's own bandwidth (GB/s):", ", ".join(
+            f"{k.removesuffix('_GBps')} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in result["disk_bandwidth"].items() if k != "bytes"))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json}")

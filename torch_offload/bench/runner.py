@@ -9,10 +9,12 @@ from .common import GB, LLAMA3_8B, REFERENCE, TINY, release_memory, timed_steps
 
 SHAPES = {"reference": REFERENCE, "llama3-8b": LLAMA3_8B, "tiny": TINY}
 BASELINES = ("none", "checkpointing")
-# hidden_states_disk: hidden_states through the disk tier (disk_only=True), for hosts short of RAM.
-MODES = ("hidden_states", "hidden_states_disk", "all", "sync", "disk")
+# hidden_states_disk: hidden_states through the disk tier (disk_only=True), for hosts short of RAM;
+# hidden_states_disk_direct: the same with disk_direct_io=True (files bypass the page cache).
+MODES = ("hidden_states", "hidden_states_disk", "hidden_states_disk_direct", "all", "sync", "disk")
 VARIANTS = BASELINES + MODES
 _TAKES_MIN_BYTES = ("all", "sync", "disk")
+DISK_VARIANTS = ("disk", "hidden_states_disk", "hidden_states_disk_direct")
 
 
 def add_link_utilisation(row: dict, bandwidth: dict) -> None:
@@ -38,10 +40,13 @@ def run(model, variant: str, seq: int, device: str, warmup: int, steps: int, opt
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         elif variant != "none":
             mode_options = {k: v for k, v in options.items()
-                            if v is not None and (k != "min_bytes" or variant in _TAKES_MIN_BYTES)}
-            if variant == "hidden_states_disk":
+                            if v is not None and (k != "min_bytes" or variant in _TAKES_MIN_BYTES)
+                            and (k != "disk_direct_io" or variant in DISK_VARIANTS)}
+            if variant.startswith("hidden_states_disk"):
                 mode_options.update(disk_dir=mode_options.get("disk_dir") or tempfile.gettempdir(), disk_only=True)
-            handle = apply(model, variant.removesuffix("_disk"), **mode_options)
+            if variant == "hidden_states_disk_direct":
+                mode_options.update(disk_direct_io=True)
+            handle = apply(model, variant.split("_disk")[0], **mode_options)
 
         def step():
             model.zero_grad(set_to_none=True)
@@ -65,6 +70,7 @@ def run(model, variant: str, seq: int, device: str, warmup: int, steps: int, opt
                 row["disk_written_MB"] = per_step["disk_bytes_written"] / 2**20
                 row["disk_read_MB"] = per_step["disk_bytes_read"] / 2**20
                 row["checksum_ms"] = per_step["disk_checksum_ms"]
+                row["disk_direct_io"] = after.get("disk_direct_io", 0)
                 if after.get("disk_bytes_read_from_page_cache", -1) >= 0 and per_step["disk_bytes_read"]:
                     row["page_cache_share"] = per_step["disk_bytes_read_from_page_cache"] / per_step["disk_bytes_read"]
         if trace_path is not None:

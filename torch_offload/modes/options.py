@@ -9,7 +9,7 @@ from ..manager import OffloadManager
 MANAGER_OPTIONS = tuple(inspect.signature(OffloadManager).parameters)
 # Options of offload_activations ("all", "sync", "disk" and "modules" modes).
 ACTIVATION_OPTIONS = ("min_bytes", "max_in_flight", "prefetch_depth", "host_budget_bytes", "node_host_budget_bytes",
-                      "disk_dir", "keep_on_device_bytes")
+                      "disk_dir", "disk_direct_io", "keep_on_device_bytes")
 
 # Why an option a user may expect is not taken, or what they may have meant.
 _HINTS = {
