@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -66,9 +67,41 @@ void side_stream_waits_for_compute(c10::DeviceIndex index, const c10::cuda::CUDA
   event.block(side);
 }
 
+// cudaHostAlloc promises 256-byte alignment only: the driver packs small allocations into shared
+// pages. The disk tier's direct IO needs page-aligned buffers, so a misaligned allocation is made
+// again with a page of slack and handed out from its first page boundary.
 class PinnedAllocator final : public HostAllocator {
  public:
   void* allocate(size_t bytes) override {
+    void* ptr = host_alloc(bytes);
+    if (ptr == nullptr || page_aligned(ptr)) return ptr;
+    C10_CUDA_CHECK(cudaFreeHost(ptr));
+    void* raw = host_alloc(bytes + kPage);
+    if (raw == nullptr) return nullptr;
+    const uintptr_t start = (reinterpret_cast<uintptr_t>(raw) + kPage - 1) / kPage * kPage;
+    void* aligned = reinterpret_cast<void*>(start);
+    std::lock_guard<std::mutex> lock(mutex_);
+    raw_of_aligned_[aligned] = raw;
+    return aligned;
+  }
+  void release(void* ptr) override {
+    void* raw = ptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = raw_of_aligned_.find(ptr);
+      if (it != raw_of_aligned_.end()) {
+        raw = it->second;
+        raw_of_aligned_.erase(it);
+      }
+    }
+    C10_CUDA_CHECK(cudaFreeHost(raw));
+  }
+  bool pinned() const override { return true; }
+
+ private:
+  static constexpr uintptr_t kPage = 4096;
+  static bool page_aligned(void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % kPage == 0; }
+  static void* host_alloc(size_t bytes) {
     void* ptr = nullptr;
     if (cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault) != cudaSuccess) {
       (void)cudaGetLastError();  // clear the sticky-free error so later calls are unaffected
@@ -76,8 +109,9 @@ class PinnedAllocator final : public HostAllocator {
     }
     return ptr;
   }
-  void release(void* ptr) override { C10_CUDA_CHECK(cudaFreeHost(ptr)); }
-  bool pinned() const override { return true; }
+
+  std::mutex mutex_;
+  std::unordered_map<void*, void*> raw_of_aligned_;  // only the allocations that were re-made
 };
 
 class CudaTransfer final : public DeviceTransfer {

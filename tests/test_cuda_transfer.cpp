@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <cstdint>
 #include <optional>
 #include <vector>
 
@@ -33,6 +34,21 @@ class CudaTransferTest : public ::testing::Test {
 
   std::shared_ptr<Manager> manager_;
 };
+
+// The disk tier's direct IO reads into and writes from these buffers whole pages at a time; the
+// driver packs small pinned allocations into shared pages unless asked otherwise.
+TEST_F(CudaTransferTest, PinnedBuffersOfSmallTensorsArePageAligned) {
+  manager_ = Manager::create(ManagerConfig{});
+  std::vector<at::Tensor> handles;
+  for (int64_t n : {1, 7, 64, 300, 1024, 1025, 4096, 70000}) {
+    handles.push_back(manager_->save(at::full({n}, static_cast<float>(n), cuda())));
+  }
+  for (const at::Tensor& h : handles) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(h.data_ptr()) % 4096, 0u) << h.numel() << " floats";
+    at::Tensor y = manager_->restore(h, c10::Device(c10::kCUDA, 0));
+    EXPECT_TRUE(at::equal(y, at::full({h.numel()}, static_cast<float>(h.numel()), cuda())));
+  }
+}
 
 TEST_F(CudaTransferTest, HandleIsPinnedAndRestoreEqualsTheSource) {
   manager_ = Manager::create(ManagerConfig{});
