@@ -260,3 +260,28 @@ def test_chunk_lm_loss_with_gradients_in_forward_trains_a_llama_like_its_own_los
     with pytest.raises(ValueError, match="grads_in_forward=1"):
         torch_offload.chunk_lm_loss(tiny_llama(), grads_in_forward=1)
     handle.remove()
+
+
+def test_apply_passes_a_dict_of_chunk_lm_loss_keywords():
+    # apply(chunked_loss={"grads_in_forward": True}) is chunk_lm_loss(grads_in_forward=True) under a
+    # checkpointing mode: the same gradients as checkpointing with the model's own loss.
+    ids, labels = batch()
+    reference, ours = tiny_llama(), tiny_llama()
+    reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    handle = torch_offload.apply(ours, "hidden_states", chunked_loss={"chunk_tokens": 16, "grads_in_forward": True})
+    assert handle.chunked_loss.chunk_tokens == 16 and handle.chunked_loss.grads_in_forward
+    out_ref, grads_ref = train_step(reference, ids, labels)
+    out, grads = train_step(ours, ids, labels)
+    assert out.logits is None
+    close(out.loss, out_ref.loss)
+    for name in grads_ref:
+        close(grads[name], grads_ref[name], msg=lambda m: f"{name}: {m}")
+    handle.remove()
+    with pytest.raises(TypeError, match=r"unknown keys \['grads_in_fwd'\]"):
+        torch_offload.apply(tiny_llama(), "hidden_states", chunked_loss={"grads_in_fwd": True})
+    with pytest.raises(ValueError, match="chunked_loss='yes'"):
+        torch_offload.apply(tiny_llama(), "hidden_states", chunked_loss="yes")
+    model = tiny_llama()
+    with pytest.raises(ValueError, match="grads_in_forward=1"):
+        torch_offload.apply(model, "hidden_states", chunked_loss={"grads_in_forward": 1})
+    assert "forward" not in model.__dict__  # nothing left behind

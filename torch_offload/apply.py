@@ -8,9 +8,8 @@ from typing import Iterable, Optional
 from torch import nn
 
 from .handle import OffloadHandle, blocks_to_wrap
-from .chunked_loss import DEFAULT_CHUNK_TOKENS
 from .layers import offload_layers
-from .lm_loss import chunk_lm_loss
+from .lm_loss import chunk_lm_loss_option
 from .modes.activations_all import apply_all, apply_disk, apply_sync
 from .modes.auto import apply_auto
 from .modes.hidden_states import apply_hidden_states
@@ -88,7 +87,9 @@ def apply(
 
     chunked_loss=True (or a number of tokens per chunk, default 2048): a Hugging Face causal LM
     trained with labels computes its loss over chunks of tokens without materialising the logits,
-    and returns logits=None (see chunk_lm_loss); handle.chunked_loss.
+    and returns logits=None (see chunk_lm_loss); handle.chunked_loss. A dict passes chunk_lm_loss's
+    keywords: {"grads_in_forward": True} also computes the loss's gradients in the forward (no
+    second pass over the logits in backward; one backward per forward).
 
     `blocks` defaults to the decoder layers of a Hugging Face model (Llama, Qwen, Mistral and
     similar, PEFT-wrapped too); pass any list of modules for other models. `manager` defaults to
@@ -118,7 +119,7 @@ def apply(
     blocks = list(blocks) if blocks is not None else None
     layers = loss = None
     if chunked_loss is not False and chunked_loss is not None:  # the LM head and loss, not the blocks
-        loss = chunk_lm_loss(model, DEFAULT_CHUNK_TOKENS if chunked_loss is True else chunked_loss)
+        loss = chunk_lm_loss_option(model, chunked_loss)
     try:
         # Layer offloading goes innermost: its weights must be on the device inside the checkpoint's
         # recompute and inside activation hooks.

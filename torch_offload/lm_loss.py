@@ -106,6 +106,7 @@ class ChunkedLossHandle(NotPicklable):
 
     def __init__(self, model: nn.Module, head: nn.Module, chunk_tokens: int, grads_in_forward: bool = False):
         self.model, self.head, self.chunk_tokens = model, head, chunk_tokens
+        self.grads_in_forward = grads_in_forward
         pending = _Pending()
         self._had_loss_function = "_loss_function" in model.__dict__
         self._loss_function = model.__dict__.get("_loss_function")
@@ -158,3 +159,20 @@ def chunk_lm_loss(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, *,
     if not isinstance(grads_in_forward, bool):
         raise ValueError(f"torch_offload.chunk_lm_loss: grads_in_forward={grads_in_forward!r}; expected True or False")
     return ChunkedLossHandle(model, head, chunk_tokens, grads_in_forward)
+
+
+def chunk_lm_loss_option(model: nn.Module, option) -> ChunkedLossHandle:
+    """apply(chunked_loss=option): True (chunks of DEFAULT_CHUNK_TOKENS), a number of tokens per
+    chunk, or a dict of chunk_lm_loss's keywords, e.g. {"grads_in_forward": True}."""
+    if option is True:
+        return chunk_lm_loss(model)
+    if isinstance(option, dict):
+        unknown = sorted(set(option) - {"chunk_tokens", "grads_in_forward"})
+        if unknown:
+            raise TypeError(f"torch_offload.apply: chunked_loss={option!r} has unknown keys {unknown}; "
+                            "expected chunk_tokens and/or grads_in_forward")
+        return chunk_lm_loss(model, **option)
+    if isinstance(option, int) and not isinstance(option, bool):
+        return chunk_lm_loss(model, option)
+    raise ValueError(f"torch_offload.apply: chunked_loss={option!r}; expected True, a number of tokens "
+                     "per chunk, or a dict such as {'chunk_tokens': 2048, 'grads_in_forward': True}")
