@@ -7,24 +7,19 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <system_error>
 
+#include "disk_io.h"
 #include "fault_injection.h"
 
 namespace torch_offload {
 namespace {
-
-std::string errno_text(int err) { return std::string(std::strerror(err)); }
-
-bool is_full(int err) { return err == ENOSPC || err == EDQUOT; }
 
 size_t whole_blocks(size_t size) {
   const size_t block = DiskStore::kDirectIoBlock;
@@ -33,12 +28,6 @@ size_t whole_blocks(size_t size) {
 
 bool block_aligned(const void* data) {
   return reinterpret_cast<uintptr_t>(data) % DiskStore::kDirectIoBlock == 0;
-}
-
-// Switches O_DIRECT on or off for `fd`; false where the filesystem refuses.
-bool set_direct(int fd, bool on) {
-  const int flags = ::fcntl(fd, F_GETFL);
-  return flags >= 0 && ::fcntl(fd, F_SETFL, on ? flags | O_DIRECT : flags & ~O_DIRECT) == 0;
 }
 
 // Each live file holds a descriptor: let the process use as many as its hard limit allows.
@@ -245,7 +234,6 @@ FileChecksum DiskStore::timed_checksum(const void* data, size_t size) {
   return checksum;
 }
 
-// Full-buffer write/read loops: the kernel may transfer fewer bytes than asked.
 std::string DiskStore::write_file(int64_t id, const void* data, size_t size, bool* full) {
   const FileChecksum checksum = timed_checksum(data, size);
   const bool direct = direct_transfer(id, data);
@@ -260,18 +248,11 @@ std::string DiskStore::write_file(int64_t id, const void* data, size_t size, boo
              " failed: " + errno_text(ENOSPC);
     }
   }
-  const char* p = static_cast<const char*>(data);
-  size_t done = 0;
-  while (done < length) {
-    const ssize_t n = ::pwrite(fd, p + done, length - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : ENOSPC;
-      *full = is_full(err);
-      return "writing " + std::to_string(size) + " bytes to " + describe(id) +
-             " failed: " + errno_text(err);
-    }
-    done += static_cast<size_t>(n);
+  const int err = pwrite_all(fd, data, length);
+  if (err != 0) {
+    *full = is_full(err);
+    return "writing " + std::to_string(size) + " bytes to " + describe(id) +
+           " failed: " + errno_text(err);
   }
   std::lock_guard<std::mutex> lock(mutex_);
   files_.at(id).checksum = checksum;
@@ -291,17 +272,15 @@ std::string DiskStore::read(int64_t id, void* data, size_t size) {
   char* p = static_cast<char*>(data);
   const bool direct = direct_transfer(id, data);
   const size_t length = direct ? whole_blocks(size) : size;
-  const size_t cached = direct ? 0 : read_cached_prefix(fd, p, size);  // direct: never cached
-  size_t done = cached;
-  while (done < length) {
-    const ssize_t n = ::pread(fd, p + done, length - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return "reading " + describe(id) +
-             " failed: " + (n < 0 ? errno_text(errno) : "the file is truncated");
-    }
-    done += static_cast<size_t>(n);
+  // What the page cache holds of the file's start (nothing with direct IO), read without waiting.
+  bool known = true;
+  const size_t cached = direct ? 0 : read_cached_prefix(fd, p, size, &known);
+  if (!known) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    page_cache_share_known_ = false;
   }
+  const std::string error = pread_all(fd, p, cached, length);
+  if (!error.empty()) return "reading " + describe(id) + " failed: " + error;
   if (timed_checksum(data, size) != expected) {
     return "reading " + describe(id) + " failed: its " + std::to_string(size) +
            " bytes do not match the checksum written (CRC32C): the file was modified or the disk "
@@ -311,26 +290,6 @@ std::string DiskStore::read(int64_t id, void* data, size_t size) {
   bytes_read_ += static_cast<int64_t>(size);
   bytes_read_cached_ += static_cast<int64_t>(cached);
   return "";
-}
-
-// Reads what the page cache holds of the file's start without waiting for the disk (RWF_NOWAIT):
-// the bytes it returns are the traffic the page cache served. Where the kernel or filesystem
-// cannot tell (older kernels, some sandboxes), the share is reported unknown.
-size_t DiskStore::read_cached_prefix(int fd, char* data, size_t size) {
-  if (size == 0) return 0;
-  struct iovec iov {
-    data, size
-  };
-  ssize_t n;
-  do {
-    n = ::preadv2(fd, &iov, 1, 0, RWF_NOWAIT);
-  } while (n < 0 && errno == EINTR);
-  if (n >= 0) return static_cast<size_t>(n);
-  if (errno != EAGAIN) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    page_cache_share_known_ = false;
-  }
-  return 0;
 }
 
 void DiskStore::write_async(int64_t id, std::function<void()> ready, const void* data, size_t size,

@@ -91,7 +91,6 @@ class DiskStore {
   bool direct_transfer(int64_t id, const void* data);
   std::string write_file(int64_t id, const void* data, size_t size, bool* full);
   std::string describe(int64_t id) const;
-  size_t read_cached_prefix(int fd, char* data, size_t size);
   FileChecksum timed_checksum(const void* data, size_t size);
   void run();
   void stop_threads();

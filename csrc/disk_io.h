@@ -1,0 +1,30 @@
+#pragma once
+// Low-level file IO for the disk tier (DiskStore): errno text, full-buffer pread/pwrite loops,
+// switching O_DIRECT on and off, and reading what the page cache holds without waiting
+// (RWF_NOWAIT).
+#include <cstddef>
+#include <string>
+
+namespace torch_offload {
+
+std::string errno_text(int err);
+
+// Whether `err` (an errno value) means the disk, or the user's quota, is full.
+bool is_full(int err);
+
+// Switches O_DIRECT on or off for `fd`; false where the filesystem refuses.
+bool set_direct(int fd, bool on);
+
+// Full-buffer write/read loops: the kernel may transfer fewer bytes than asked.
+// Writes the `length` bytes at `data` at the start of `fd`; returns 0, or the errno value of the
+// failure (ENOSPC where the kernel wrote nothing).
+int pwrite_all(int fd, const void* data, size_t length);
+// Reads bytes [done, length) of `fd` into data + done; returns "" or why not.
+std::string pread_all(int fd, char* data, size_t done, size_t length);
+
+// Reads what the page cache holds of the file's start without waiting for the disk (RWF_NOWAIT):
+// the bytes it returns are the traffic the page cache served. Where the kernel or filesystem
+// cannot tell (older kernels, some sandboxes), sets `*known` false: the share is reported unknown.
+size_t read_cached_prefix(int fd, char* data, size_t size, bool* known);
+
+}  // namespace torch_offload
