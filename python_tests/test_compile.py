@@ -202,6 +202,9 @@ def test_compile_mode_options_reach_inductor():
     merged = _inductor_options("max-autotune-no-cudagraphs", {"epilogue_fusion": False}, "inductor")
     assert merged["max_autotune"] and merged["epilogue_fusion"] is False
     assert not merged.get("triton.cudagraphs")
+    # Our graphs free each buffer at its last use unless the user asks for inductor's reuse.
+    assert merged["allow_buffer_reuse"] is False
+    assert _inductor_options(None, {"allow_buffer_reuse": True}, "inductor")["allow_buffer_reuse"] is True
 
 
 def test_dynamic_shapes_one_compile_serves_several_lengths():

@@ -35,8 +35,9 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
     ("default", "max-autotune", "max-autotune-no-cudagraphs"; "reduce-overhead" is refused: CUDA
     graphs). Returns the compiled module; `.offload_partitioner` records what each graph offloads
     (nothing when inductor loads the graphs from its cache: they still call our ops) and holds the
-    manager (`.offload_partitioner.manager.stats()`). Other keyword arguments (fullgraph=True,
-    dynamic=...) go to torch.compile.
+    manager (`.offload_partitioner.manager.stats()`). `options` are inductor's; ours turn its
+    buffer reuse off (allow_buffer_reuse=False, see _inductor_options) unless they say otherwise.
+    Other keyword arguments (fullgraph=True, dynamic=...) go to torch.compile.
     """
     policy_fn = policies.resolve(policy, "torch_offload.compile") if mode == "selective" else None
     options = _inductor_options(compile_mode, options, backend)
@@ -78,6 +79,13 @@ def _inductor_options(compile_mode, options, backend) -> dict:
         if backend != "inductor":
             raise ValueError("torch_offload.compile: compile_mode is for backend='inductor'")
         merged.update(list_mode_options(compile_mode))  # raises on an unknown mode
+    # Inductor keeps a dead buffer allocated until a later allocation of the same size can reuse
+    # it, judging by its estimate of the graph's peak, which leaves out extern ops' outputs (our
+    # restores, attention's gradients). In our backward graphs the restores' outputs are not its
+    # buffers, so freed activation-sized buffers waited across layers: 0.7 GB held at the 16k peak of
+    # compiled selective on the reference model (benchmarks/results/README.md, session 9). Without
+    # reuse each buffer is freed at its last use and the caching allocator recycles it.
+    merged["allow_buffer_reuse"] = False
     merged.update(options or {})
     if merged.get("triton.cudagraphs"):
         raise ValueError(

@@ -17,7 +17,7 @@ import sys
 BYTES = {"torch.bfloat16": 2, "torch.float16": 2, "torch.float32": 4, "torch.int64": 8,
          "torch.int32": 4, "torch.bool": 1, "torch.uint8": 1}
 ALLOC = re.compile(r"^\s*(buf\d+) = empty_strided_cuda\((\([^)]*\)), (\([^)]*\)), (torch\.\w+)\)")
-REUSE = re.compile(r"^\s*(buf\d+) = reinterpret_tensor\((buf\d+),.*del (buf\d+)\s+# reuse")
+REUSE = re.compile(r"^\s*(buf\d+) = (?:reinterpret_tensor\()?(buf\d+)\b.*del (buf\d+)\s+# reuse")
 DELETE = re.compile(r"\bdel ([\w, ]+)")
 INPUT = re.compile(r"(\w+) = rand_strided\((\([^)]*\)), (\([^)]*\)), device='cuda:0', dtype=(torch\.\w+)\)")
 
