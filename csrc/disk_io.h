@@ -1,11 +1,18 @@
 #pragma once
-// Low-level file IO for the disk tier (DiskStore): errno text, full-buffer pread/pwrite loops,
-// switching O_DIRECT on and off, and reading what the page cache holds without waiting
-// (RWF_NOWAIT).
+// Low-level file IO for the disk tier (DiskStore): opening its directory safely, the open-file
+// limit, errno text, full-buffer pread/pwrite loops, switching O_DIRECT on and off, and reading
+// what the page cache holds without waiting (RWF_NOWAIT).
 #include <cstddef>
 #include <string>
 
 namespace torch_offload {
+
+// Opens `path` as a directory we may safely make files in: not a directory that another user
+// owns and everyone may write to (they could swap what we create), unless it is sticky and
+// root's (like /tmp). Throws a clear error naming `what` (e.g. "disk_dir").
+int open_checked_directory(const std::string& path, const char* what);
+// Each live file holds a descriptor: lets the process use as many as its hard limit allows.
+void raise_open_file_limit();
 
 std::string errno_text(int err);
 

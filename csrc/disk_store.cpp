@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -30,44 +29,10 @@ bool block_aligned(const void* data) {
   return reinterpret_cast<uintptr_t>(data) % DiskStore::kDirectIoBlock == 0;
 }
 
-// Each live file holds a descriptor: let the process use as many as its hard limit allows.
-void raise_open_file_limit() {
-  static const bool raised = [] {
-    rlimit limit{};
-    if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
-      limit.rlim_cur = limit.rlim_max;
-      ::setrlimit(RLIMIT_NOFILE, &limit);
-    }
-    return true;
-  }();
-  (void)raised;
-}
-
-// Opens `path` as a directory we may safely make files in: not a directory that another user
-// owns and everyone may write to (they could swap what we create), unless it is sticky and
-// root's (like /tmp).
-int open_checked_directory(const std::string& path, const char* what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  TORCH_CHECK(fd >= 0, "torch_offload: cannot open ", what, " ", path, ": ", errno_text(errno));
-  struct stat st {};
-  ::fstat(fd, &st);
-  const bool foreign = st.st_uid != ::geteuid();
-  const bool everyone_writes = (st.st_mode & S_IWOTH) != 0;
-  const bool sticky_root = (st.st_mode & S_ISVTX) != 0 && st.st_uid == 0;
-  if (foreign && everyone_writes && !sticky_root) {
-    ::close(fd);
-    TORCH_CHECK(false, "torch_offload: refusing ", what, " ", path, ": it belongs to user id ",
-                st.st_uid,
-                " and everyone may write to it, so another user could tamper with the "
-                "offloaded tensors. Choose a directory of your own.");
-  }
-  return fd;
-}
-
 }  // namespace
 
-DiskStore::DiskStore(const std::string& directory, int io_threads, bool direct_io)
-    : directory_(directory), direct_io_(direct_io) {
+DiskStore::DiskStore(const std::string& directory, int io_threads, DirectIo direct_io)
+    : directory_(directory), policy_(direct_io) {
   TORCH_CHECK(!directory_.empty(), "torch_offload: the disk tier needs a directory (disk_dir)");
   TORCH_CHECK(io_threads >= 1, "torch_offload: need at least one IO thread");
   if (::mkdir(directory_.c_str(), 0700) != 0 && errno != EEXIST) {
@@ -79,15 +44,15 @@ DiskStore::DiskStore(const std::string& directory, int io_threads, bool direct_i
   try {
     // Fails here, not at the first save, when nothing can be written; and asks the filesystem
     // whether it does direct IO (one answer for the store: its files share the filesystem).
-    const NewFile probe = new_file(1);
-    direct_io_ = files_.at(probe.id).direct;
+    const NewFile probe = new_file_as(1, direct_io != DirectIo::kNever);
+    direct_capable_ = files_.at(probe.id).direct;
     remove(probe.id);
   } catch (const c10::Error& e) {
     close_all();
     TORCH_CHECK(false, "torch_offload: disk_dir ", directory_,
                 " is not writable: ", e.what_without_backtrace());
   }
-  if (direct_io && !direct_io_) {
+  if (direct_io != DirectIo::kNever && !direct_capable_) {
     TORCH_WARN("torch_offload: the filesystem of disk_dir ", directory_,
                " does not do direct IO (O_DIRECT): the disk tier goes through the page cache");
   }
@@ -174,6 +139,23 @@ int DiskStore::create_unnamed_file() {
 }
 
 DiskStore::NewFile DiskStore::new_file(size_t size) {
+  const auto bytes = static_cast<int64_t>(size);
+  const bool direct = direct_capable_ && policy_.choose(bytes);
+  NewFile made{};
+  try {
+    made = new_file_as(size, direct);
+  } catch (...) {
+    policy_.file_closed(bytes, direct);
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  File& file = files_.at(made.id);
+  file.policy_bytes = bytes;
+  file.policy_direct = direct;
+  return made;
+}
+
+DiskStore::NewFile DiskStore::new_file_as(size_t size, bool want_direct) {
   const int fd = create_unnamed_file();
   if (fd < 0) {
     const int err = errno;
@@ -182,7 +164,7 @@ DiskStore::NewFile DiskStore::new_file(size_t size) {
         errno_text(err),
         err == EMFILE ? " (each tensor on disk holds a file descriptor: raise ulimit -n)" : "");
   }
-  const bool direct = direct_io_ && set_direct(fd, true);
+  const bool direct = want_direct && set_direct(fd, true);
   File file{fd, nullptr, direct ? whole_blocks(size) : size, direct, {}};
   if (size > 0) {
     // Reserve the space now: a full disk is reported by this save, and is never stale.
@@ -206,9 +188,17 @@ DiskStore::NewFile DiskStore::new_file(size_t size) {
   return NewFile{id, file.map != nullptr ? file.map : &empty_file_data};
 }
 
-size_t DiskStore::buffer_size(size_t size) const { return direct_io_ ? whole_blocks(size) : size; }
+// Whole blocks whenever a file may go around the page cache: the staging buffer is sized before
+// the file is made.
+size_t DiskStore::buffer_size(size_t size) const {
+  return direct_capable_ && policy_.mode() != DirectIo::kNever ? whole_blocks(size) : size;
+}
 
-bool DiskStore::direct_io() const { return direct_io_; }
+bool DiskStore::direct_io() const { return direct_capable_ && policy_.mode() == DirectIo::kAlways; }
+
+bool DiskStore::direct_io_when_ram_is_short() const {
+  return direct_capable_ && policy_.mode() == DirectIo::kWhenRamIsShort;
+}
 
 // Whether a transfer of file `id` from or to `data` goes around the page cache. A buffer not
 // aligned to a block cannot: the file goes through the page cache from then on.
@@ -257,6 +247,7 @@ std::string DiskStore::write_file(int64_t id, const void* data, size_t size, boo
   std::lock_guard<std::mutex> lock(mutex_);
   files_.at(id).checksum = checksum;
   bytes_written_ += static_cast<int64_t>(size);
+  if (direct) bytes_written_direct_ += static_cast<int64_t>(size);
   return "";
 }
 
@@ -331,6 +322,7 @@ void DiskStore::remove(int64_t id) {
   }
   if (file.map != nullptr) ::munmap(file.map, file.size);
   ::close(file.fd);
+  if (file.policy_bytes >= 0) policy_.file_closed(file.policy_bytes, file.policy_direct);
 }
 
 bool DiskStore::has_room(size_t bytes) const {
@@ -363,6 +355,11 @@ int64_t DiskStore::files_on_disk() const {
 int64_t DiskStore::bytes_written() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return bytes_written_;
+}
+
+int64_t DiskStore::bytes_written_direct() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_written_direct_;
 }
 
 int64_t DiskStore::bytes_read() const {

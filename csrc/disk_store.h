@@ -7,8 +7,9 @@
 // CRC32C is checked on every read.
 // With direct IO (O_DIRECT) the bytes go between the caller's buffer and the disk without a copy
 // in the page cache: for hosts whose RAM cannot hold what is offloaded, where the page cache would
-// only add a copy and push other data out. Transfers are then whole blocks of kDirectIoBlock bytes
-// from memory aligned to it: buffers must hold buffer_size(size) bytes.
+// only add a copy and push other data out (every file, or per file when RAM is short:
+// direct_io_policy.h). Transfers are then whole blocks of kDirectIoBlock bytes from memory aligned
+// to it: buffers must hold buffer_size(size) bytes.
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "crc32c.h"
+#include "direct_io_policy.h"
 
 namespace torch_offload {
 
@@ -27,9 +29,9 @@ class DiskStore {
  public:
   // Opens `directory` (created 0700 if missing) and checks that files can be made there. Refuses
   // a directory that another user owns and everyone may write to. Throws a clear error.
-  // With `direct_io`, files are read and written with O_DIRECT where the filesystem allows it
-  // (elsewhere through the page cache, and direct_io() says so).
-  DiskStore(const std::string& directory, int io_threads, bool direct_io = false);
+  // With `direct_io` other than kNever, files are read and written with O_DIRECT where the
+  // filesystem allows it (elsewhere through the page cache, and direct_io() says so).
+  DiskStore(const std::string& directory, int io_threads, DirectIo direct_io = DirectIo::kNever);
   ~DiskStore();
   DiskStore(const DiskStore&) = delete;
   DiskStore& operator=(const DiskStore&) = delete;
@@ -65,12 +67,15 @@ class DiskStore {
 
   // Bytes a buffer passed to write_async / read for a file of `size` bytes must hold.
   size_t buffer_size(size_t size) const;
-  // Whether files are read and written around the page cache (asked for and supported).
+  // Whether every file is read and written around the page cache (asked for and supported).
   bool direct_io() const;
+  // The files go around the page cache one by one, when RAM is short (asked for and supported).
+  bool direct_io_when_ram_is_short() const;
 
   const std::string& directory() const { return directory_; }
   int64_t files_on_disk() const;
   int64_t bytes_written() const;
+  int64_t bytes_written_direct() const;  // of bytes_written(), those written around the page cache
   int64_t bytes_read() const;
   // Of bytes_read(), those the page cache served; -1 where that cannot be known.
   int64_t bytes_read_from_page_cache() const;
@@ -78,16 +83,21 @@ class DiskStore {
 
   // Test hook: the next writes fail as if the disk were full.
   void simulate_full_disk(bool full);
+  // Test hook: the host's available RAM as DirectIo::kWhenRamIsShort sees it (-1: the real one).
+  void simulate_available_ram(int64_t bytes) { policy_.simulate_available_ram(bytes); }
 
  private:
   struct File {
     int fd = -1;
     void* map = nullptr;
-    size_t size = 0;          // of the file (the mapping): whole blocks with direct IO
-    bool direct = false;      // opened with O_DIRECT
-    FileChecksum checksum{};  // of the bytes written
+    size_t size = 0;            // of the file (the mapping): whole blocks with direct IO
+    bool direct = false;        // opened with O_DIRECT
+    FileChecksum checksum{};    // of the bytes written
+    int64_t policy_bytes = -1;  // what policy_ was told when the file was made (-1: the probe)
+    bool policy_direct = false;
   };
   int create_unnamed_file();
+  NewFile new_file_as(size_t size, bool want_direct);
   bool direct_transfer(int64_t id, const void* data);
   std::string write_file(int64_t id, const void* data, size_t size, bool* full);
   std::string describe(int64_t id) const;
@@ -110,7 +120,9 @@ class DiskStore {
   int64_t bytes_read_ = 0;
   int64_t bytes_read_cached_ = 0;
   bool page_cache_share_known_ = true;
-  bool direct_io_;  // asked for and the filesystem allows it (set once, by the constructor)
+  int64_t bytes_written_direct_ = 0;
+  DirectIoPolicy policy_;
+  bool direct_capable_ = false;  // the filesystem does O_DIRECT (probed once, by the constructor)
   double checksum_ms_ = 0.0;
   bool simulate_full_ = false;
   bool stopping_ = false;

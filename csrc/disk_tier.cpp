@@ -198,7 +198,7 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
 };
 
 DiskTier::DiskTier(const std::string& directory, int io_threads, int64_t max_writes_in_flight,
-                   std::unique_ptr<HostAllocator> staging_allocator, bool direct_io)
+                   std::unique_ptr<HostAllocator> staging_allocator, DirectIo direct_io)
     : max_writes_in_flight_(std::max<int64_t>(1, max_writes_in_flight)),
       staging_pool_(std::make_shared<HostBufferPool>(std::move(staging_allocator), 0)),
       store_(std::make_unique<DiskStore>(directory, io_threads, direct_io)) {}
@@ -265,7 +265,8 @@ void DiskTier::add_stats(OffloadStats& s) {
   s.disk_bytes_read = store_->bytes_read();
   s.disk_bytes_read_from_page_cache = store_->bytes_read_from_page_cache();
   s.disk_checksum_ms = store_->checksum_ms();
-  s.disk_direct_io = store_->direct_io() ? 1 : 0;
+  s.disk_direct_io = store_->direct_io() ? 1 : store_->direct_io_when_ram_is_short() ? 2 : 0;
+  s.disk_bytes_written_direct = store_->bytes_written_direct();
   std::lock_guard<std::mutex> lock(mutex_);
   s.host_wait_ms += host_wait_ms_;
 }

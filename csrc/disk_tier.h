@@ -20,9 +20,9 @@ class DiskStored;
 class DiskTier : public Tier {
  public:
   // `max_writes_in_flight` bounds the staging buffers held by writes (0 counts as 1);
-  // `direct_io`: files bypass the page cache where the filesystem allows it (DiskStore).
+  // `direct_io`: which files bypass the page cache, where the filesystem allows it (DiskStore).
   DiskTier(const std::string& directory, int io_threads, int64_t max_writes_in_flight,
-           std::unique_ptr<HostAllocator> staging_allocator, bool direct_io = false);
+           std::unique_ptr<HostAllocator> staging_allocator, DirectIo direct_io = DirectIo::kNever);
   ~DiskTier() override;
 
   void check_before_save() override;
@@ -33,6 +33,7 @@ class DiskTier : public Tier {
   void empty_cache() override { staging_pool_->empty_cache(); }
   // Test hook: the next writes fail as if the disk were full.
   void simulate_full_disk(bool full) { store_->simulate_full_disk(full); }
+  void simulate_available_ram(int64_t bytes) { store_->simulate_available_ram(bytes); }
 
  private:
   friend class DiskStored;

@@ -45,11 +45,19 @@ Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> tr
   TORCH_CHECK(!config.disk_direct_io || !config.disk_dir.empty(),
               "torch_offload: disk_direct_io=True is for the disk tier, and there is none without "
               "a disk_dir");
+  TORCH_CHECK(!config.disk_direct_io_auto || !config.disk_dir.empty(),
+              "torch_offload: disk_direct_io='auto' is for the disk tier, and there is none "
+              "without a disk_dir");
+  TORCH_CHECK(!(config.disk_direct_io && config.disk_direct_io_auto),
+              "torch_offload: disk_direct_io is True or 'auto', not both");
   if (!config.disk_only) save_tiers_.push_back(host_.get());
   if (!config.disk_dir.empty()) {
     disk_ = std::make_unique<DiskTier>(
         config.disk_dir, static_cast<int>(config.io_threads), config.max_in_flight,
-        pinned ? make_default_host_allocator() : make_pageable_allocator(), config.disk_direct_io);
+        pinned ? make_default_host_allocator() : make_pageable_allocator(),
+        config.disk_direct_io        ? DirectIo::kAlways
+        : config.disk_direct_io_auto ? DirectIo::kWhenRamIsShort
+                                     : DirectIo::kNever);
     save_tiers_.push_back(disk_.get());
   }
 }

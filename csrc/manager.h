@@ -66,6 +66,10 @@ class Manager : public std::enable_shared_from_this<Manager> {
   void simulate_full_disk(bool full) {
     if (disk_) disk_->simulate_full_disk(full);
   }
+  // Test hook: the host's available RAM as disk_direct_io_auto sees it (-1: the real one).
+  void simulate_available_ram(int64_t bytes) {
+    if (disk_) disk_->simulate_available_ram(bytes);
+  }
 
   int64_t id() const { return id_; }
   const ManagerConfig& config() const { return config_; }

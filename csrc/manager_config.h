@@ -31,6 +31,10 @@ struct ManagerConfig {
   // byte and pushes other data out. Off by default: where RAM is plentiful the page cache serves
   // backward's reads at memory speed.
   bool disk_direct_io = false;
+  // Instead, each file decides when it is made: around the page cache once the host's available
+  // RAM cannot hold it beside the files already kept through the page cache and 1 GiB for
+  // everything else (direct_io_policy.h).
+  bool disk_direct_io_auto = false;
   // Each save first makes the compute stream wait for the copies of earlier saves and releases
   // their sources in stream order. For saves a layer apart (checkpoint boundaries, compiled graphs
   // whose host runs far ahead of the GPU) the wait is free and the memory is reusable at once;

@@ -26,8 +26,10 @@ struct OffloadStats {
   int64_t disk_bytes_written = 0;
   int64_t disk_bytes_read = 0;
   int64_t disk_bytes_read_from_page_cache = 0;  // of disk_bytes_read; -1 where unknown
-  int64_t disk_direct_io = 0;  // 1: the disk tier's files bypass the page cache (O_DIRECT)
-  int64_t spills = 0;          // tensors sent to disk because the host budget was full
+  // 1: the disk tier's files bypass the page cache (O_DIRECT); 2: each does when RAM is short
+  int64_t disk_direct_io = 0;
+  int64_t disk_bytes_written_direct = 0;  // of disk_bytes_written, around the page cache
+  int64_t spills = 0;                     // tensors sent to disk because the host budget was full
   // keep_on_device_bytes: restores served by a source kept on the device (never copied), their
   // bytes, and the bytes kept on the device now.
   int64_t restores_kept_on_device = 0;
@@ -59,6 +61,7 @@ struct OffloadStats {
             {"disk_bytes_read", double(disk_bytes_read)},
             {"disk_bytes_read_from_page_cache", double(disk_bytes_read_from_page_cache)},
             {"disk_direct_io", double(disk_direct_io)},
+            {"disk_bytes_written_direct", double(disk_bytes_written_direct)},
             {"spills", double(spills)},
             {"restores_kept_on_device", double(restores_kept_on_device)},
             {"bytes_kept_on_device", double(bytes_kept_on_device)},

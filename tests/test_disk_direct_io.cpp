@@ -40,7 +40,7 @@ class DiskDirectIoTest : public ::testing::Test {
  protected:
   void SetUp() override {
     // The test directory's filesystem must do O_DIRECT (ext4, xfs, tmpfs from Linux 6.6 do).
-    DiskStore probe(dir_.path(), 1, /*direct_io=*/true);
+    DiskStore probe(dir_.path(), 1, DirectIo::kAlways);
     if (!probe.direct_io()) GTEST_SKIP() << "no O_DIRECT on the filesystem of " << dir_.path();
   }
   TempDir dir_;
@@ -97,7 +97,7 @@ TEST_F(DiskDirectIoTest, WithoutTheOptionFilesGoThroughThePageCache) {
 // DiskStore's callers pass aligned buffers; one that is not (a future caller's mistake) must not
 // turn into an EINVAL on every write: that file goes through the page cache instead.
 TEST_F(DiskDirectIoTest, AMisalignedBufferFallsBackToThePageCacheForItsFile) {
-  DiskStore store(dir_.path(), 1, /*direct_io=*/true);
+  DiskStore store(dir_.path(), 1, DirectIo::kAlways);
   const size_t size = 10000;
   ASSERT_EQ(store.buffer_size(size), 3 * 4096u);
   // Block-aligned memory, used from 8 bytes in.

@@ -10,13 +10,14 @@ TORCH_LIBRARY(offload, m) {
 
   using torch_offload::OffloadManager;
   m.class_<OffloadManager>("OffloadManager")
-      .def(torch::init<int64_t, int64_t, int64_t, bool, std::string, bool, bool, int64_t, bool>(),
+      .def(torch::init<int64_t, int64_t, int64_t, bool, std::string, bool, bool, int64_t, bool,
+                       bool>(),
            "",
            {torch::arg("max_in_flight") = 4, torch::arg("prefetch_depth") = 1,
             torch::arg("host_budget_bytes") = 0, torch::arg("synchronous") = false,
             torch::arg("disk_dir") = "", torch::arg("disk_only") = false,
             torch::arg("release_sources_on_save") = false, torch::arg("keep_on_device_bytes") = 0,
-            torch::arg("disk_direct_io") = false})
+            torch::arg("disk_direct_io") = false, torch::arg("disk_direct_io_auto") = false})
       .def("id", &OffloadManager::id)
       .def("stats", &OffloadManager::stats)
       .def("reset_stats", &OffloadManager::reset_stats)
@@ -31,10 +32,12 @@ TORCH_LIBRARY(offload, m) {
       .def("disk_dir", &OffloadManager::disk_dir)
       .def("disk_only", &OffloadManager::disk_only)
       .def("disk_direct_io", &OffloadManager::disk_direct_io)
+      .def("disk_direct_io_auto", &OffloadManager::disk_direct_io_auto)
       .def("release_sources_on_save", &OffloadManager::release_sources_on_save)
       .def("keep_on_device_bytes", &OffloadManager::keep_on_device_bytes)
       .def("set_keep_on_device_bytes", &OffloadManager::set_keep_on_device_bytes)
       .def("_simulate_full_disk", &OffloadManager::simulate_full_disk)
+      .def("_simulate_available_ram", &OffloadManager::simulate_available_ram)
       .def_pickle(
           [](const c10::intrusive_ptr<OffloadManager>& self) -> OffloadManager::State {
             return self->state();

@@ -16,13 +16,14 @@ namespace torch_offload {
 class OffloadManager : public torch::CustomClassHolder {
  public:
   // Pickled configuration: {max_in_flight, prefetch_depth, host_budget_bytes, synchronous,
-  // disk_only, release_sources_on_save, keep_on_device_bytes, disk_direct_io} and disk_dir.
+  // disk_only, release_sources_on_save, keep_on_device_bytes, disk_direct_io (0, 1, 2: 'auto')}
+  // and disk_dir.
   using State = std::tuple<std::vector<int64_t>, std::string>;
 
   OffloadManager(int64_t max_in_flight, int64_t prefetch_depth, int64_t host_budget_bytes,
                  bool synchronous = false, std::string disk_dir = "", bool disk_only = false,
                  bool release_sources_on_save = false, int64_t keep_on_device_bytes = 0,
-                 bool disk_direct_io = false);
+                 bool disk_direct_io = false, bool disk_direct_io_auto = false);
 
   int64_t id() const { return manager_->id(); }
   c10::Dict<std::string, double> stats() const;
@@ -41,11 +42,15 @@ class OffloadManager : public torch::CustomClassHolder {
   bool disk_only() const { return manager_->config().disk_only; }
   // Asked for; stats()["disk_direct_io"] says whether the filesystem does it.
   bool disk_direct_io() const { return manager_->config().disk_direct_io; }
+  // disk_direct_io='auto': each file decides (ManagerConfig::disk_direct_io_auto).
+  bool disk_direct_io_auto() const { return manager_->config().disk_direct_io_auto; }
   bool release_sources_on_save() const { return manager_->config().release_sources_on_save; }
   int64_t keep_on_device_bytes() const { return manager_->keep_on_device_bytes(); }
   void set_keep_on_device_bytes(int64_t bytes) { manager_->set_keep_on_device_bytes(bytes); }
   // Test hook: make the disk tier's next writes fail with ENOSPC.
   void simulate_full_disk(bool full);
+  // Test hook: the host's available RAM as disk_direct_io_auto sees it (-1: the real one).
+  void simulate_available_ram(int64_t bytes);
 
   // Configuration only: a loaded manager starts with an empty pool and fresh statistics.
   State state() const;

@@ -136,7 +136,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         keep: Iterable[torch.Tensor] = (),
         disk_dir: Optional[str] = None,
         keep_on_device_bytes: int = 0,
-        disk_direct_io: bool = False,
+        disk_direct_io=False,
         on_offload: Optional[Callable[[torch.Tensor], None]] = None,
         warn_on_exit: bool = True,
     ):

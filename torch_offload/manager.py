@@ -24,7 +24,7 @@ def OffloadManager(
     release_sources_on_save: bool = False,
     node_host_budget_bytes: int = 0,
     keep_on_device_bytes: int = 0,
-    disk_direct_io: bool = False,
+    disk_direct_io=False,
 ):
     """Creates a torch.classes.offload.OffloadManager.
 
@@ -49,8 +49,15 @@ def OffloadManager(
         cannot hold what goes to disk, where the page cache only adds a copy of every byte and
         pushes other data out. Off by default: with RAM to spare the page cache serves backward's
         reads at memory speed. Where the filesystem refuses O_DIRECT a warning says so and
-        stats()["disk_direct_io"] is 0. Needs disk_dir.
+        stats()["disk_direct_io"] is 0. Needs disk_dir. disk_direct_io="auto": each file decides
+        when it is made, going around the page cache once the host's available RAM (MemAvailable)
+        cannot hold it beside the files already kept through the page cache and 1 GiB for
+        everything else; stats()["disk_direct_io"] is 2 and disk_bytes_written_direct says how
+        much went around it.
     """
+    if disk_direct_io not in (True, False, "auto") or not isinstance(disk_direct_io, (bool, str)):
+        raise ValueError(f"torch_offload.OffloadManager: disk_direct_io={disk_direct_io!r}; expected "
+                         "True, False or 'auto'")
     if keep_on_device_bytes == "auto":
         raise ValueError("torch_offload.OffloadManager: keep_on_device_bytes='auto' is taken by "
                          "apply(mode='all' | 'modules'), which size the window from the link each step; "
@@ -59,7 +66,7 @@ def OffloadManager(
         host_budget_bytes = node_budget.rank_share(node_host_budget_bytes, host_budget_bytes)
     manager = torch.classes.offload.OffloadManager(
         max_in_flight, prefetch_depth, host_budget_bytes, synchronous, str(disk_dir), disk_only,
-        release_sources_on_save, keep_on_device_bytes, disk_direct_io,
+        release_sources_on_save, keep_on_device_bytes, disk_direct_io is True, disk_direct_io == "auto",
     )
     if node_host_budget_bytes:
         node_budget.register(manager, node_host_budget_bytes)
