@@ -1,7 +1,10 @@
 #pragma once
-// The fixture of the Manager tests (test_manager.cpp, test_manager_window.cpp): a Manager on CPU
-// tensors driven through the fake asynchronous DeviceTransfer, with a counting host allocator, and
-// checks that a test leaves no handle and no host memory behind.
+// The fixture of the Manager tests (test_manager.cpp, test_manager_in_flight.cpp,
+// test_manager_prefetch_pool.cpp, test_manager_window.cpp): a Manager on CPU tensors driven through
+// the fake asynchronous DeviceTransfer, with a counting host allocator, and checks that a test
+// leaves no handle and no host memory behind. It lives in a named namespace, not an anonymous one:
+// GoogleTest fails a suite whose tests derive from more than one fixture class, which each file
+// would otherwise get (separate translation units when the tests are not a unity build).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -15,7 +18,7 @@
 #include "test_util.h"
 
 namespace torch_offload {
-namespace {
+namespace manager_test {
 
 using namespace std::chrono_literals;
 using testing::AllocatorCounters;
@@ -32,7 +35,7 @@ using Kind = FakeTransfer::Kind;
 using testing::kCPU;
 
 // Distinct, deterministic contents for each (seed, dtype).
-at::Tensor make_tensor(at::IntArrayRef sizes, at::ScalarType dtype, int64_t seed = 0) {
+inline at::Tensor make_tensor(at::IntArrayRef sizes, at::ScalarType dtype, int64_t seed = 0) {
   int64_t n = 1;
   for (int64_t s : sizes) n *= s;
   at::Tensor values = at::arange(n, at::kLong).mul_(7).add_(seed * 13 + 1).remainder_(251);
@@ -90,5 +93,6 @@ struct WatchedSource {
   std::shared_ptr<std::atomic<bool>> freed;
 };
 
-}  // namespace
+}  // namespace manager_test
+using namespace manager_test;  // NOLINT: the fixture's names, for the test files
 }  // namespace torch_offload
