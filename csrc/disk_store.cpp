@@ -25,6 +25,10 @@ size_t whole_blocks(size_t size) {
   return (size + block - 1) / block * block;
 }
 
+// Bytes a file of `size` bytes takes on disk and in each transfer: direct IO moves whole blocks
+// (the padding is written and read, never restored).
+size_t transfer_length(size_t size, bool direct) { return direct ? whole_blocks(size) : size; }
+
 bool block_aligned(const void* data) {
   return reinterpret_cast<uintptr_t>(data) % DiskStore::kDirectIoBlock == 0;
 }
@@ -139,19 +143,21 @@ int DiskStore::create_unnamed_file() {
 }
 
 DiskStore::NewFile DiskStore::new_file(size_t size) {
+  // The policy is asked only where the filesystem does direct IO; what it counts, it is told of.
   const auto bytes = static_cast<int64_t>(size);
-  const bool direct = direct_capable_ && policy_.choose(bytes);
+  const bool asked = direct_capable_;
+  const bool direct = asked && policy_.choose(bytes);
   NewFile made{};
   try {
     made = new_file_as(size, direct);
   } catch (...) {
-    policy_.file_closed(bytes, direct);
+    if (asked) policy_.file_closed(bytes, direct);
     throw;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  File& file = files_.at(made.id);
-  file.policy_bytes = bytes;
-  file.policy_direct = direct;
+  if (asked && !direct) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    files_.at(made.id).policy_cached_bytes = bytes;
+  }
   return made;
 }
 
@@ -165,7 +171,7 @@ DiskStore::NewFile DiskStore::new_file_as(size_t size, bool want_direct) {
         err == EMFILE ? " (each tensor on disk holds a file descriptor: raise ulimit -n)" : "");
   }
   const bool direct = want_direct && set_direct(fd, true);
-  File file{fd, nullptr, direct ? whole_blocks(size) : size, direct, {}};
+  File file{fd, nullptr, transfer_length(size, direct), direct, {}};
   if (size > 0) {
     // Reserve the space now: a full disk is reported by this save, and is never stale.
     const auto bytes = static_cast<off_t>(file.size);
@@ -227,7 +233,7 @@ FileChecksum DiskStore::timed_checksum(const void* data, size_t size) {
 std::string DiskStore::write_file(int64_t id, const void* data, size_t size, bool* full) {
   const FileChecksum checksum = timed_checksum(data, size);
   const bool direct = direct_transfer(id, data);
-  const size_t length = direct ? whole_blocks(size) : size;  // the buffer holds the padding
+  const size_t length = transfer_length(size, direct);  // the buffer holds the padding
   int fd;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -262,7 +268,7 @@ std::string DiskStore::read(int64_t id, void* data, size_t size) {
   }
   char* p = static_cast<char*>(data);
   const bool direct = direct_transfer(id, data);
-  const size_t length = direct ? whole_blocks(size) : size;
+  const size_t length = transfer_length(size, direct);
   // What the page cache holds of the file's start (nothing with direct IO), read without waiting.
   bool known = true;
   const size_t cached = direct ? 0 : read_cached_prefix(fd, p, size, &known);
@@ -322,7 +328,7 @@ void DiskStore::remove(int64_t id) {
   }
   if (file.map != nullptr) ::munmap(file.map, file.size);
   ::close(file.fd);
-  if (file.policy_bytes >= 0) policy_.file_closed(file.policy_bytes, file.policy_direct);
+  if (file.policy_cached_bytes > 0) policy_.file_closed(file.policy_cached_bytes, /*direct=*/false);
 }
 
 bool DiskStore::has_room(size_t bytes) const {

@@ -90,11 +90,10 @@ class DiskStore {
   struct File {
     int fd = -1;
     void* map = nullptr;
-    size_t size = 0;            // of the file (the mapping): whole blocks with direct IO
-    bool direct = false;        // opened with O_DIRECT
-    FileChecksum checksum{};    // of the bytes written
-    int64_t policy_bytes = -1;  // what policy_ was told when the file was made (-1: the probe)
-    bool policy_direct = false;
+    size_t size = 0;                  // of the file (the mapping): whole blocks with direct IO
+    bool direct = false;              // opened with O_DIRECT
+    FileChecksum checksum{};          // of the bytes written
+    int64_t policy_cached_bytes = 0;  // policy_ counts them in the page cache until remove()
   };
   int create_unnamed_file();
   NewFile new_file_as(size_t size, bool want_direct);

@@ -42,14 +42,11 @@ Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> tr
       std::make_shared<HostBufferPool>(std::move(allocator), config.host_budget_bytes));
   TORCH_CHECK(!config.disk_only || !config.disk_dir.empty(),
               "torch_offload: the disk mode needs a disk_dir");
-  TORCH_CHECK(!config.disk_direct_io || !config.disk_dir.empty(),
-              "torch_offload: disk_direct_io=True is for the disk tier, and there is none without "
-              "a disk_dir");
-  TORCH_CHECK(!config.disk_direct_io_auto || !config.disk_dir.empty(),
-              "torch_offload: disk_direct_io='auto' is for the disk tier, and there is none "
-              "without a disk_dir");
   TORCH_CHECK(!(config.disk_direct_io && config.disk_direct_io_auto),
               "torch_offload: disk_direct_io is True or 'auto', not both");
+  TORCH_CHECK(!(config.disk_direct_io || config.disk_direct_io_auto) || !config.disk_dir.empty(),
+              "torch_offload: disk_direct_io=", config.disk_direct_io ? "True" : "'auto'",
+              " is for the disk tier, and there is none without a disk_dir");
   if (!config.disk_only) save_tiers_.push_back(host_.get());
   if (!config.disk_dir.empty()) {
     disk_ = std::make_unique<DiskTier>(
