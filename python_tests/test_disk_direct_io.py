@@ -8,7 +8,6 @@ import copy
 import warnings
 
 import pytest
-import torch
 
 import torch_offload
 from conftest import DEVICES
@@ -22,13 +21,19 @@ def _direct_io_works(directory) -> bool:
     return manager.stats()["disk_direct_io"] == 1
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_disk_mode_with_direct_io_matches_plain_training_around_the_page_cache(device, tmp_path):
+@pytest.fixture
+def direct_io_dir(tmp_path):
+    """tmp_path, where its filesystem does O_DIRECT (the test is skipped elsewhere)."""
     if not _direct_io_works(tmp_path):
         pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT")
+    return tmp_path
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_disk_mode_with_direct_io_matches_plain_training_around_the_page_cache(device, direct_io_dir):
     ours = _tiny_llama(device)
     plain = copy.deepcopy(ours)
-    handle = torch_offload.apply(ours, mode="disk", min_bytes=0, disk_dir=str(tmp_path), disk_direct_io=True)
+    handle = torch_offload.apply(ours, mode="disk", min_bytes=0, disk_dir=str(direct_io_dir), disk_direct_io=True)
     _steps_match_plain(ours, plain, device, shape=(2, 40))
     stats = handle.stats()
     assert stats["disk_direct_io"] == 1
@@ -38,12 +43,10 @@ def test_disk_mode_with_direct_io_matches_plain_training_around_the_page_cache(d
     assert stats["disk_files"] == 0 and stats["live_handles"] == 0
 
 
-def test_hidden_states_through_a_direct_io_disk_tier_matches_plain_training(tmp_path):
-    if not _direct_io_works(tmp_path):
-        pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT")
+def test_hidden_states_through_a_direct_io_disk_tier_matches_plain_training(direct_io_dir):
     ours = _tiny_llama("cpu")
     plain = copy.deepcopy(ours)
-    handle = torch_offload.apply(ours, mode="hidden_states", disk_dir=str(tmp_path), disk_only=True,
+    handle = torch_offload.apply(ours, mode="hidden_states", disk_dir=str(direct_io_dir), disk_only=True,
                                  disk_direct_io=True)
     _steps_match_plain(ours, plain, "cpu", shape=(2, 40))
     assert handle.stats()["disk_direct_io"] == 1
@@ -64,12 +67,10 @@ def test_direct_io_without_a_disk_tier_is_a_clear_error():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_auto_direct_io_mixes_both_kinds_of_file_and_trains_like_plain(device, tmp_path):
-    if not _direct_io_works(tmp_path):
-        pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT")
+def test_auto_direct_io_mixes_both_kinds_of_file_and_trains_like_plain(device, direct_io_dir):
     ours = _tiny_llama(device)
     plain = copy.deepcopy(ours)
-    handle = torch_offload.apply(ours, mode="disk", min_bytes=0, disk_dir=str(tmp_path), disk_direct_io="auto")
+    handle = torch_offload.apply(ours, mode="disk", min_bytes=0, disk_dir=str(direct_io_dir), disk_direct_io="auto")
     manager = handle.manager
     assert manager.disk_direct_io_auto() and not manager.disk_direct_io()
     manager._simulate_available_ram(1 << 40)  # plenty: the page cache
