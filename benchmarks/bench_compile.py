@@ -15,6 +15,11 @@ allocated / reserved memory, the forward's peak, and with --timeline the allocat
 of one step (plot it with benchmarks/plot_timeline.py). Per seq: boundary bytes L*S*h*2, ratios to
 ckpt_compiled, freed = peak(ckpt_compiled) - peak(variant).
 
+Compile times are comparable between variants: before the first variant a small function is compiled
+(inductor's compile workers and Triton start once, outside every variant's time), and each variant
+compiles from empty caches (its own inductor and Triton cache directories, caches force-disabled), so
+no variant reuses kernels another compiled.
+
 GPU:       python3 benchmarks/bench_compile.py --out DIR
 CPU smoke: python benchmarks/bench_compile.py --device cpu --tiny
 """
@@ -22,7 +27,9 @@ import argparse
 import contextlib
 import functools
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -71,12 +78,44 @@ def build(variant, model):
     return torch_offload.compile(model, mode, fullgraph=True, dynamic=False), patch
 
 
+@contextlib.contextmanager
+def cold_caches():
+    """Empty inductor and Triton caches for one variant: a fresh directory for both (inductor's
+    compile workers take the two variables with each task), and inductor's caches force-disabled."""
+    from torch._inductor.utils import clear_caches
+
+    saved = {name: os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    with tempfile.TemporaryDirectory(prefix="bench_compile_cache_") as directory:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(directory, "triton")
+        clear_caches()
+        try:
+            with torch.compiler.config.patch(force_disable_caches=True):
+                yield
+        finally:
+            clear_caches()
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def warm_compiler(device):
+    """Compiles a small function (forward and backward) once, so that starting inductor's compile
+    workers and Triton is not counted in the first variant's compile time."""
+    with cold_caches():
+        x = torch.randn(64, 64, device=device, requires_grad=True)
+        torch.compile(lambda t: (t @ t).sin().sum(), fullgraph=True)(x).backward()
+    torch._dynamo.reset()
+
+
 def run(args, variant, seq):
     torch._dynamo.reset()
     model = build_llama(args.config, args.device, seq)
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
     step_model, patch = build(variant, model)
-    with patch:
+    with patch, cold_caches():
         return measure(args, variant, seq, model, step_model, ids)
 
 
@@ -162,6 +201,7 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    warm_compiler(args.device)
     for seq in args.seq_list:
         rows = {}
         for variant in args.variants.split(","):
