@@ -2,7 +2,9 @@
 """What holds GPU memory at a training step's peak: records a CUDA memory snapshot of one step per
 variant and prints, for the forward and the backward, the peak and the live allocations there,
 grouped by the source line that allocated them (inductor's generated code included). Used to find
-why a variant frees less than it should (compiled graphs, FSDP2).
+why a variant frees less than it should (compiled graphs, FSDP2). For each variant it also computes the
+step peak with the saved block inputs taken out of its own trace (boundary_bound): on checkpointing,
+the most that offloading the boundaries could free.
 
 Variants (comma-separated, one process, same model shape):
   ckpt_eager, ours_eager               torch checkpointing / apply(mode="hidden_states")
@@ -138,6 +140,42 @@ def backward_profile(snapshot, baseline: int, marks: dict, points: int = 20) -> 
     return [round(total / GB, 3) for i, (_, total) in enumerate(_allocated(trace, baseline)) if i + 1 in marks_at]
 
 
+def boundary_bound(snapshot, baseline: int, marks: dict, boundary_bytes: int, layers: int) -> dict:
+    """The lowest step peak that offloading the checkpoint boundaries alone could reach on this
+    variant's own schedule: allocated bytes at each event less the boundaries still live then,
+    maximised over the step. The boundaries are the first `layers` allocations of one block input's
+    size made in forward and still live when backward starts (the saved block inputs; a later one of
+    that size, such as the final norm's input, is not a boundary). Run on checkpointing: its peak
+    less this bound is the most that any offload of the boundaries can free."""
+    trace = snapshot["device_traces"][0]
+    start = marks.get("backward_event", len(trace))
+    live = {}
+    for i, ev in enumerate(trace[:start]):
+        if ev["action"] == "alloc":
+            live[ev["addr"]] = (ev["size"], i)
+        elif ev["action"] == "free_completed":
+            live.pop(ev["addr"], None)
+    boundaries = sorted(i for size, i in live.values() if size == boundary_bytes)[:layers]
+    boundary_events = set(boundaries)
+    sizes, total, live_boundaries, bound, bound_event = {}, baseline, 0, 0, 0
+    for i, ev in enumerate(trace):
+        if ev["action"] == "alloc":
+            is_boundary = i in boundary_events
+            sizes[ev["addr"]] = (ev["size"], is_boundary)
+            total += ev["size"]
+            live_boundaries += ev["size"] if is_boundary else 0
+        elif ev["action"] == "free_completed" and ev["addr"] in sizes:
+            size, is_boundary = sizes.pop(ev["addr"])
+            total -= size
+            live_boundaries -= size if is_boundary else 0
+        else:
+            continue
+        if total - live_boundaries > bound:
+            bound, bound_event = total - live_boundaries, i
+    return {"boundaries": len(boundaries), "bound_peak_GB": bound / GB, "bound_event": bound_event,
+            "events": len(trace)}
+
+
 def _fsdp_group():
     """The NCCL group: torchrun's ranks, or one rank of our own when run as a plain script."""
     import torch.distributed as dist
@@ -222,6 +260,10 @@ def run(args, variant, seq, out: Path):
            "boundary_GB": args.config["layers"] * seq * args.config["hidden"] * 2 / GB}
     row["phases"] = analyse(snapshot, baseline, marks, args.top)
     row["backward_profile_GB"] = backward_profile(snapshot, baseline, marks)
+    row["boundary_bound"] = bound = boundary_bound(snapshot, baseline, marks, seq * args.config["hidden"] * 2,
+                                                   args.config["layers"])
+    bound["freeable_GB"] = row["step_peak_GB"] - bound["bound_peak_GB"]
+    bound["freeable_fraction"] = bound["freeable_GB"] / row["boundary_GB"]
     if handle is not None or hasattr(step_model, "offload_partitioner"):
         manager = handle.manager if handle is not None else step_model.offload_partitioner.manager
         row["stats"] = {k: v for k, v in dict(manager.stats()).items()}
@@ -244,6 +286,11 @@ def print_row(row):
         for g in info["top"]:
             print(f"     {g['GB']:7.3f} GB x{g['count']:<4d} {g['site']}")
     print("  backward, allocated GB at each 5%:", row.get("backward_profile_GB"))
+    bound = row.get("boundary_bound")
+    if bound:
+        print(f"  with its {bound['boundaries']} boundaries taken out: peak {bound['bound_peak_GB']:.2f} GB at event "
+              f"{bound['bound_event']}/{bound['events']}, so offloading them frees at most "
+              f"{bound['freeable_GB']:.2f} GB ({bound['freeable_fraction']:.3f} of the boundary bytes)")
     if "stats" in row:
         s = row["stats"]
         print("  stats:", {k: s[k] for k in sorted(s) if k in (
