@@ -3,6 +3,8 @@
 per sequence length. Variants:
   ckpt_eager       eager torch gradient checkpointing (for scale)
   ckpt_compiled    torch.compile of the model under torch's gradient checkpointing (the baseline)
+  ckpt_compiled_noreuse  ckpt_compiled with inductor's buffer reuse off, as torch_offload.compile sets
+                   it (how much of ours' saving that option gives compiled checkpointing too)
   sac_compiled     the same with torch's selective checkpointing keeping the attention outputs
   torch_ao         ckpt_compiled with torch 2.11's own compile-time offloading
                    (torch._functorch.config.enable_activation_offloading, every joint node marked)
@@ -66,7 +68,7 @@ def build(variant, model):
     if variant == "sac_compiled":
         ckpt["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policies.attention_save)
     patch = contextlib.nullcontext()
-    if variant in ("ckpt_eager", "ckpt_compiled", "sac_compiled", "torch_ao"):
+    if variant in ("ckpt_eager", "ckpt_compiled", "ckpt_compiled_noreuse", "sac_compiled", "torch_ao"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt)
     if variant == "ckpt_eager":
         return model, patch
@@ -74,6 +76,8 @@ def build(variant, model):
         patch = torch._functorch.config.patch(enable_activation_offloading=True, joint_custom_pass=_mark_all)
     if variant in ("ckpt_compiled", "sac_compiled", "torch_ao"):
         return torch.compile(model, fullgraph=True, dynamic=False), patch
+    if variant == "ckpt_compiled_noreuse":
+        return torch.compile(model, fullgraph=True, dynamic=False, options={"allow_buffer_reuse": False}), patch
     mode = {"ours_compiled": "hidden_states", "ours_selective": "selective", "ours_all": "all"}[variant]
     return torch_offload.compile(model, mode, fullgraph=True, dynamic=False), patch
 

@@ -225,6 +225,9 @@ void Manager::release_in_stream_order(const HeldSource& held) {
   DeviceTransfer* transfer = transfer_for(held.device);
   if (transfer != nullptr && held.done) transfer->compute_waits_for(held.done, held.device);
   const at::Tensor dropped = held.source->take();  // on this (the caller's) thread
+  // If the copy finished meanwhile, the releaser may have taken the source first and parked it in
+  // finished_sources_: drop it now too, so the source is gone when this returns either way.
+  finished_sources_.drop();
 }
 
 void Manager::finish_all_saves() {
