@@ -11,6 +11,7 @@ from .checkpoint import checkpoint
 from .chunked_loss import chunked_causal_lm_loss
 from .compile import OffloadPartitioner, compile
 from .empty_steps import NothingOffloadedWarning
+from .hf_causal_mask import sdpa_is_causal
 from .layers import LayerOffloadHandle, offload_layers
 from .lm_loss import ChunkedLossHandle, chunk_lm_loss
 from .manager import OffloadManager, default_manager, reset_stats, stats
@@ -54,6 +55,7 @@ __all__ = [
     "offload_restore",
     "offload_save",
     "reset_stats",
+    "sdpa_is_causal",
     "select_modules",
     "selective_checkpoint",
     "selective_offload_contexts",

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from . import policies
+from . import hf_causal_mask, policies
 from .compile_partitioner import OffloadPartitioner
 from .manager import OffloadManager
 
@@ -19,7 +19,7 @@ from .manager import OffloadManager
 def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None,
             min_bytes: int = 1 << 20, blocks=None, backend: str = "inductor",
             compile_mode: Optional[str] = None, policy="attention",
-            options: Optional[dict] = None, **compile_kwargs):
+            options: Optional[dict] = None, sdpa_is_causal: bool = False, **compile_kwargs):
     """torch.compile(model) with offloading inside the compiled graphs.
 
     mode="hidden_states": the model's blocks run under torch's gradient checkpointing (a Hugging Face
@@ -37,6 +37,9 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
     (nothing when inductor loads the graphs from its cache: they still call our ops) and holds the
     manager (`.offload_partitioner.manager.stats()`). `options` are inductor's; ours turn its
     buffer reuse off (allow_buffer_reuse=False, see _inductor_options) unless they say otherwise.
+    sdpa_is_causal=True (a Hugging Face model with SDPA attention): calls without an attention_mask and
+    without a cache use SDPA's is_causal instead of the dense [S, S] mask transformers builds while
+    compiling (torch_offload.sdpa_is_causal, hf_causal_mask.py).
     Other keyword arguments (fullgraph=True, dynamic=...) go to torch.compile.
     """
     policy_fn = policies.resolve(policy, "torch_offload.compile") if mode == "selective" else None
@@ -50,6 +53,8 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
         manager = OffloadManager(release_sources_on_save=mode != "all",
                                  prefetch_depth=policies.SAVES_PER_BLOCK if mode == "selective" else 1)
     partitioner = OffloadPartitioner(manager, mode, min_bytes)  # checks mode before the model changes
+    if sdpa_is_causal:
+        hf_causal_mask.sdpa_is_causal(model)
     if mode != "all":
         _enable_checkpointing(model, blocks, policy_fn)
     if backend == "inductor":

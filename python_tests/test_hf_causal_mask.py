@@ -1,0 +1,134 @@
+"""torch_offload.sdpa_is_causal: a compiled Hugging Face model called without an attention_mask gets
+SDPA's is_causal instead of the dense causal mask transformers builds while tracing; every other call
+(an attention_mask, a sliding window) keeps the mask; results equal transformers' own."""
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+
+import torch_offload
+from test_models import _tiny_llama
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    with torch.compiler.config.patch(force_disable_caches=True):
+        yield
+    torch._dynamo.reset()
+
+
+def _sdpa_calls(gm):
+    """(has a mask, is_causal) for each SDPA call in a dynamo graph."""
+    calls = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch._C._nn.scaled_dot_product_attention:
+            mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+            calls.append((mask is not None, bool(node.kwargs.get("is_causal", False))))
+    return calls
+
+
+def _compiled(model, graphs):
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    return torch.compile(model, backend=backend, fullgraph=True)
+
+
+def _loss_and_grads(model, **inputs):
+    model.zero_grad(set_to_none=True)
+    loss = model(**inputs).loss
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_compiled_call_without_a_mask_uses_is_causal_and_matches_transformers():
+    torch.manual_seed(0)
+    model = _tiny_llama("cpu", dropout=0.0)
+    ours = copy.deepcopy(model)
+    assert torch_offload.sdpa_is_causal(ours) == "sdpa"
+    ids = torch.randint(0, 256, (2, 32))
+    theirs_graphs, our_graphs = [], []
+    theirs = _compiled(model, theirs_graphs)
+    mine = _compiled(ours, our_graphs)
+    loss_t, grads_t = _loss_and_grads(theirs, input_ids=ids, labels=ids)
+    loss_o, grads_o = _loss_and_grads(mine, input_ids=ids, labels=ids)
+    # transformers, compiled: the dense mask; ours: no mask, the kernel's causal masking
+    assert _sdpa_calls(theirs_graphs[0]) and all(call == (True, False) for call in _sdpa_calls(theirs_graphs[0]))
+    assert _sdpa_calls(our_graphs[0]) and all(call == (False, True) for call in _sdpa_calls(our_graphs[0]))
+    torch.testing.assert_close(loss_o, loss_t, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads_o, grads_t):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_call_with_an_attention_mask_still_gets_the_mask():
+    torch.manual_seed(0)
+    model = _tiny_llama("cpu", dropout=0.0)
+    ours = copy.deepcopy(model)
+    torch_offload.sdpa_is_causal(ours)
+    ids = torch.randint(0, 256, (2, 32))
+    padding = torch.ones(2, 32, dtype=torch.long)
+    padding[0, :5] = 0
+    graphs = []
+    mine = _compiled(ours, graphs)
+    loss_o, grads_o = _loss_and_grads(mine, input_ids=ids, attention_mask=padding, labels=ids)
+    loss_t, grads_t = _loss_and_grads(model, input_ids=ids, attention_mask=padding, labels=ids)
+    assert all(has_mask for has_mask, _ in _sdpa_calls(graphs[-1]))
+    torch.testing.assert_close(loss_o, loss_t, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads_o, grads_t):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_packed_sequences_given_as_position_ids_keep_their_mask():
+    torch.manual_seed(0)
+    model = _tiny_llama("cpu", dropout=0.0)
+    ours = copy.deepcopy(model)
+    torch_offload.sdpa_is_causal(ours)
+    ids = torch.randint(0, 256, (1, 32))
+    positions = torch.cat([torch.arange(20), torch.arange(12)]).unsqueeze(0)  # two sequences packed
+    graphs = []
+    mine = _compiled(ours, graphs)
+    loss_o, grads_o = _loss_and_grads(mine, input_ids=ids, position_ids=positions, labels=ids)
+    loss_t, grads_t = _loss_and_grads(model, input_ids=ids, position_ids=positions, labels=ids)
+    assert all(has_mask for has_mask, _ in _sdpa_calls(graphs[-1]))
+    torch.testing.assert_close(loss_o, loss_t, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads_o, grads_t):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # the same compiled model, called plainly afterwards, recompiles without the mask
+    _loss_and_grads(mine, input_ids=ids, labels=ids)
+    assert all(call == (False, True) for call in _sdpa_calls(graphs[-1]))
+
+
+def test_a_sliding_window_keeps_its_mask():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                           sliding_window=8, attn_implementation="sdpa", use_cache=False)
+    torch.manual_seed(0)
+    model = MistralForCausalLM(config).train()
+    ours = copy.deepcopy(model)
+    torch_offload.sdpa_is_causal(ours)
+    ids = torch.randint(0, 256, (1, 32))
+    graphs = []
+    loss_o, _ = _loss_and_grads(_compiled(ours, graphs), input_ids=ids, labels=ids)
+    loss_t, _ = _loss_and_grads(model, input_ids=ids, labels=ids)
+    assert all(has_mask for has_mask, _ in _sdpa_calls(graphs[0]))
+    torch.testing.assert_close(loss_o, loss_t, rtol=1e-6, atol=1e-6)
+
+
+def test_compile_option_and_refusals():
+    model = _tiny_llama("cpu")
+    compiled = torch_offload.compile(model, "hidden_states", backend="aot_eager", sdpa_is_causal=True)
+    assert model.config._attn_implementation == "torch_offload_sdpa"
+    ids = torch.randint(0, 256, (2, 32))
+    compiled(input_ids=ids, labels=ids).loss.backward()
+    assert torch_offload.sdpa_is_causal(model) == "torch_offload_sdpa"  # a second call changes nothing
+    with pytest.raises(ValueError, match="Sequential has None"):
+        torch_offload.sdpa_is_causal(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    eager = _tiny_llama("cpu")
+    eager.set_attn_implementation("eager")
+    with pytest.raises(ValueError, match="LlamaForCausalLM has 'eager'"):
+        torch_offload.sdpa_is_causal(eager)
