@@ -1,6 +1,7 @@
 #!/bin/bash
 # Session 10's device calls, in order (nvidia-h100-x1; the library built on the development machine and
-# carried as build/libtorch_offload.so, call 1 also build/tests/torch_offload_tests).
+# carried as build/libtorch_offload.so, call 1 also build/tests/torch_offload_tests). Call 6's 16k run hit
+# its 300 s limit during its fourth variant (ours_selective_causal, no file); call 7 ran that again.
 
 # ===== call 1: .gpu/s10call1.sh
 # Session 10, call 1 (H100): the C++ suite with CUDA after the finish_save drop fix; issue 8: the most
@@ -66,3 +67,29 @@ for f in /tmp/c64/compile_*; do cp $f $OUT/compile_noreuse_64k_h100.${f##*.}; do
 timeout 90 python3 benchmarks/bench_compile.py --out /tmp/c16 --seqs 16384 --variants ckpt_compiled_noreuse --steps 2 > $OUT/compile_noreuse_16k_h100.log 2>&1; echo rc16=$?
 for f in /tmp/c16/compile_*; do cp $f $OUT/compile_noreuse_16k_h100.${f##*.}; done
 grep -hE "^\{" $OUT/compile_noreuse_*_h100.log | cut -c1-330
+
+# ===== call 6: .gpu/s10call6.sh
+# Session 10, call 6 (H100): issue 8 with torch_offload.sdpa_is_causal (no dense causal mask under
+# compile): its tests against this machine's transformers; 16k: compiled checkpointing as torch.compile
+# gives it, the same with sdpa_is_causal, ours hidden_states and selective with it; 64k: compiled
+# checkpointing with it and ours hidden_states with it (one measured step).
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader; python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)"
+(cd python_tests && timeout 90 python3 -m pytest -q -rf --tb=short -p no:cacheprovider test_hf_causal_mask.py 2>&1 | tail -8) > $OUT/pytest_hf_causal_mask_h100.log; tail -3 $OUT/pytest_hf_causal_mask_h100.log
+timeout 300 python3 benchmarks/bench_compile.py --out /tmp/c16 --seqs 16384 --variants ckpt_compiled,ckpt_compiled_causal,ours_compiled_causal,ours_selective_causal --steps 2 > $OUT/compile_causal_16k_h100.log 2>&1; echo rc16=$?
+for f in /tmp/c16/compile_*; do cp $f $OUT/compile_causal_16k_h100.${f##*.}; done
+grep -hE "^\{" $OUT/compile_causal_16k_h100.log | cut -c1-330
+timeout 200 python3 benchmarks/bench_compile.py --out /tmp/c64 --seqs 65536 --variants ckpt_compiled_causal,ours_compiled_causal --steps 1 > $OUT/compile_causal_64k_h100.log 2>&1; echo rc64=$?
+for f in /tmp/c64/compile_*; do cp $f $OUT/compile_causal_64k_h100.${f##*.}; done
+grep -hE "^\{" $OUT/compile_causal_64k_h100.log | cut -c1-330
+
+# ===== call 7: .gpu/s10call7.sh
+# Session 10, call 7 (H100): what call 6's time limit cut: 16k compiled checkpointing and ours selective,
+# both with sdpa_is_causal; then 32k compiled checkpointing and ours hidden_states, both with it.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+timeout 190 python3 benchmarks/bench_compile.py --out /tmp/s16 --seqs 16384 --variants ckpt_compiled_causal,ours_selective_causal --steps 2 > $OUT/compile_causal_selective_16k_h100.log 2>&1; echo rc16=$?
+for f in /tmp/s16/compile_*; do cp $f $OUT/compile_causal_selective_16k_h100.${f##*.}; done
+grep -hE "^\{" $OUT/compile_causal_selective_16k_h100.log | cut -c1-300
+timeout 150 python3 benchmarks/bench_compile.py --out /tmp/c32 --seqs 32768 --variants ckpt_compiled_causal,ours_compiled_causal --steps 1 > $OUT/compile_causal_32k_h100.log 2>&1; echo rc32=$?
+for f in /tmp/c32/compile_*; do cp $f $OUT/compile_causal_32k_h100.${f##*.}; done
+grep -hE "^\{" $OUT/compile_causal_32k_h100.log | cut -c1-300
