@@ -27,6 +27,9 @@ no variant reuses kernels another compiled.
 
 GPU:       python3 benchmarks/bench_compile.py --out DIR
 CPU smoke: python benchmarks/bench_compile.py --device cpu --tiny
+With --noise-seq N, each variant's gradients at N tokens are first compared with eager checkpointing's
+(relative L2 error), beside the noise floor of eager checkpointing against itself and against no
+checkpointing.
 """
 import argparse
 import contextlib
@@ -45,8 +48,8 @@ import torch_offload  # noqa: E402
 from torch.utils.checkpoint import create_selective_checkpoint_contexts  # noqa: E402
 from torch_offload import policies  # noqa: E402
 from benchmarks.peak_memory import timeline  # noqa: E402
-from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, new_result,  # noqa: E402
-                               release_memory, short_gpu_name, sync, table, timed_steps)
+from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, flat_grads,  # noqa: E402
+                               new_result, release_memory, short_gpu_name, sync, table, timed_steps)
 
 TINY = dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=256)
 
@@ -56,6 +59,8 @@ def parse_args():
     add_run_args(p, seqs="16384,32768", steps=4, warmup=None)  # warm-up: two steps, compile included
     p.add_argument("--variants", default="ckpt_compiled,sac_compiled,ours_compiled,ours_selective")
     p.add_argument("--timeline", default="", help="variants whose one-step memory timeline to record")
+    p.add_argument("--noise-seq", type=int, default=0,
+                   help="first compare each variant's gradients at this length with eager checkpointing's (0: skip)")
     return finish_run_args(p.parse_args(), REFERENCE, tiny_shape=TINY, tiny_seqs="64")
 
 
@@ -170,10 +175,42 @@ def measure(args, variant, seq, model, step_model, ids):
     return row
 
 
+def gradient_noise(args) -> dict:
+    """One step's gradients of each variant at --noise-seq (same weights and tokens), as the relative
+    L2 error against eager checkpointing, beside the noise floor: eager checkpointing against itself
+    and against eager training without checkpointing."""
+    ids = torch.randint(0, args.config["vocab"], (1, args.noise_seq), device=args.device,
+                        generator=torch.Generator(args.device).manual_seed(1))
+
+    def grads(variant):
+        torch._dynamo.reset()
+        model = build_llama(args.config, args.device, args.noise_seq)
+        step_model, patch = (model, contextlib.nullcontext()) if variant == "eager" else build(variant, model)
+        with patch:
+            step_model(input_ids=ids, labels=ids).loss.backward()
+        flat = flat_grads(model)
+        del step_model, model
+        release_memory(args.device)
+        return flat
+
+    reference = grads("ckpt_eager")
+    norm = reference.norm().item()
+    error = lambda g: (g - reference).norm().item() / norm  # noqa: E731
+    result = {"seq": args.noise_seq, "floor": max(error(grads("ckpt_eager")), error(grads("eager")))}
+    for variant in args.variants.split(","):
+        result[variant] = error(grads(variant))
+    return result
+
+
 def markdown(result):
     lines = [f"# torch.compile variants on {result['gpu']}", "",
              f"command: `{result['command']}`", "",
              ]
+    noise = result.get("noise")
+    if noise:
+        lines += [f"Gradients at seq {noise['seq']}, relative L2 error against eager checkpointing (noise floor: "
+                  f"eager checkpointing against itself and against no checkpointing, {noise['floor']:.3g}): "
+                  + ", ".join(f"{v} {e:.3g}" for v, e in noise.items() if v not in ("seq", "floor")), ""]
     lines += table(result["runs"], [
         ("compile s", "compile_s", "{:.1f}"), ("step s", "step_s", "{:.3f}"), ("tok/s", "tokens_per_s", "{:.0f}"),
         ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
@@ -215,7 +252,16 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+
+    def write():
+        (out / f"compile_{name}.json").write_text(json.dumps(result, indent=1))
+        (out / f"compile_{name}.md").write_text(markdown(result))
+
     warm_compiler(args.device)
+    if args.noise_seq:
+        result["noise"] = gradient_noise(args)
+        print("noise", result["noise"], flush=True)
+        write()
     for seq in args.seq_list:
         rows = {}
         for variant in args.variants.split(","):
@@ -224,8 +270,7 @@ def main():
             print({k: v for k, v in rows[variant].items() if k != "timeline_GB"}, f"{time.time() - t0:.0f}s",
                   flush=True)
         result["summary"] += summarise(args.config, seq, rows)
-        (out / f"compile_{name}.json").write_text(json.dumps(result, indent=1))
-        (out / f"compile_{name}.md").write_text(markdown(result))
+        write()
     print(markdown(result))
 
 
