@@ -132,3 +132,26 @@ def test_compile_option_and_refusals():
     eager.set_attn_implementation("eager")
     with pytest.raises(ValueError, match="LlamaForCausalLM has 'eager'"):
         torch_offload.sdpa_is_causal(eager)
+
+
+def test_one_dynamic_compile_serves_several_lengths_without_the_mask():
+    torch.manual_seed(0)
+    model = _tiny_llama("cpu", dropout=0.0)
+    ours = copy.deepcopy(model)
+    torch_offload.sdpa_is_causal(ours)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    mine = torch.compile(ours, backend=backend, fullgraph=True, dynamic=True)
+    for length in (24, 40):
+        ids = torch.randint(0, 256, (1, length))
+        loss_o, grads_o = _loss_and_grads(mine, input_ids=ids, labels=ids)
+        loss_t, grads_t = _loss_and_grads(model, input_ids=ids, labels=ids)
+        torch.testing.assert_close(loss_o, loss_t, rtol=1e-6, atol=1e-6)
+        for a, b in zip(grads_o, grads_t):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert len(graphs) == 1, "one dynamic compile for both lengths"
+    assert all(call == (False, True) for call in _sdpa_calls(graphs[0]))
