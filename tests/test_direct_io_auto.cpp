@@ -11,6 +11,7 @@
 #include "csrc/direct_io_policy.h"
 #include "csrc/disk_store.h"
 #include "csrc/manager.h"
+#include "direct_io_fixture.h"
 #include "test_util.h"
 
 namespace torch_offload {
@@ -61,14 +62,7 @@ at::Tensor pattern(int64_t n, int seed) {
   return at::arange(n, at::kLong).mul_(17).add_(seed).remainder_(253).to(at::kByte);
 }
 
-class DirectIoAutoTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    DiskStore probe(dir_.path(), 1, DirectIo::kAlways);
-    if (!probe.direct_io()) GTEST_SKIP() << "no O_DIRECT on the filesystem of " << dir_.path();
-  }
-  TempDir dir_;
-};
+class DirectIoAutoTest : public testing::DirectIoDirTest {};
 
 TEST_F(DirectIoAutoTest, PlentyOfRamKeepsThePageCacheAndShortRamGoesAroundIt) {
   auto manager = Manager::create(auto_disk(dir_.path()));

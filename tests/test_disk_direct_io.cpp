@@ -14,6 +14,7 @@
 
 #include "csrc/disk_store.h"
 #include "csrc/manager.h"
+#include "direct_io_fixture.h"
 #include "test_util.h"
 
 namespace torch_offload {
@@ -21,7 +22,6 @@ namespace {
 
 using testing::error_of;
 using testing::kCPU;
-using testing::TempDir;
 
 at::Tensor bytes_pattern(int64_t n, int seed) {
   return at::arange(n, at::kLong).mul_(31).add_(seed).remainder_(251).to(at::kByte);
@@ -36,15 +36,7 @@ ManagerConfig direct_disk(const std::string& dir) {
   return config;
 }
 
-class DiskDirectIoTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    // The test directory's filesystem must do O_DIRECT (ext4, xfs, tmpfs from Linux 6.6 do).
-    DiskStore probe(dir_.path(), 1, DirectIo::kAlways);
-    if (!probe.direct_io()) GTEST_SKIP() << "no O_DIRECT on the filesystem of " << dir_.path();
-  }
-  TempDir dir_;
-};
+class DiskDirectIoTest : public testing::DirectIoDirTest {};
 
 // Sizes around the block (4096): the padding written and read back never shows in the tensor.
 TEST_F(DiskDirectIoTest, EverySizeComesBackBitForBitAndNothingIsReadFromThePageCache) {
