@@ -41,7 +41,7 @@ def _loss_and_grads(model, **inputs):
     model.zero_grad(set_to_none=True)
     loss = model(**inputs).loss
     loss.backward()
-    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
 
 def test_compiled_call_without_a_mask_uses_is_causal_and_matches_transformers():
@@ -155,3 +155,21 @@ def test_one_dynamic_compile_serves_several_lengths_without_the_mask():
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert len(graphs) == 1, "one dynamic compile for both lengths"
     assert all(call == (False, True) for call in _sdpa_calls(graphs[0]))
+
+
+def test_a_peft_model_drops_the_mask_too():
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = get_peft_model(_tiny_llama("cpu", dropout=0.0), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    reference = copy.deepcopy(model)
+    assert torch_offload.sdpa_is_causal(model) == "sdpa"
+    graphs = []
+    ids = torch.randint(0, 256, (1, 32))
+    loss_o, grads_o = _loss_and_grads(_compiled(model, graphs), input_ids=ids, labels=ids)
+    loss_t, grads_t = _loss_and_grads(reference, input_ids=ids, labels=ids)
+    assert all(call == (False, True) for call in _sdpa_calls(graphs[0]))
+    torch.testing.assert_close(loss_o, loss_t, rtol=1e-6, atol=1e-6)
+    assert len(grads_o) == len(grads_t) > 0
+    for a, b in zip(grads_o, grads_t):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
