@@ -61,7 +61,12 @@ def parse_args():
     p.add_argument("--timeline", default="", help="variants whose one-step memory timeline to record")
     p.add_argument("--noise-seq", type=int, default=0,
                    help="first compare each variant's gradients at this length with eager checkpointing's (0: skip)")
-    return finish_run_args(p.parse_args(), REFERENCE, tiny_shape=TINY, tiny_seqs="64")
+    p.add_argument("--min-bytes", type=int, default=None,
+                   help="smallest saved tensor ours offloads (default 1 MiB; 0 with --tiny, whose are smaller)")
+    args = finish_run_args(p.parse_args(), REFERENCE, tiny_shape=TINY, tiny_seqs="64")
+    if args.min_bytes is None:
+        args.min_bytes = 0 if args.tiny else 1 << 20
+    return args
 
 
 def _mark_all(gm, _inputs):
@@ -70,7 +75,7 @@ def _mark_all(gm, _inputs):
     return gm
 
 
-def build(variant, model):
+def build(variant, model, min_bytes=1 << 20):
     """The model to step for `variant`, and the config patch its compile and steps run under."""
     if variant.endswith("_causal"):
         torch_offload.sdpa_is_causal(model)
@@ -90,7 +95,7 @@ def build(variant, model):
     if variant == "ckpt_compiled_noreuse":
         return torch.compile(model, fullgraph=True, dynamic=False, options={"allow_buffer_reuse": False}), patch
     mode = {"ours_compiled": "hidden_states", "ours_selective": "selective", "ours_all": "all"}[variant]
-    return torch_offload.compile(model, mode, fullgraph=True, dynamic=False), patch
+    return torch_offload.compile(model, mode, fullgraph=True, dynamic=False, min_bytes=min_bytes), patch
 
 
 @contextlib.contextmanager
@@ -129,7 +134,7 @@ def run(args, variant, seq):
     torch._dynamo.reset()
     model = build_llama(args.config, args.device, seq)
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
-    step_model, patch = build(variant, model)
+    step_model, patch = build(variant, model, args.min_bytes)
     with patch, cold_caches():
         return measure(args, variant, seq, model, step_model, ids)
 
@@ -185,7 +190,10 @@ def gradient_noise(args) -> dict:
     def grads(variant):
         torch._dynamo.reset()
         model = build_llama(args.config, args.device, args.noise_seq)
-        step_model, patch = (model, contextlib.nullcontext()) if variant == "eager" else build(variant, model)
+        if variant == "eager":
+            step_model, patch = model, contextlib.nullcontext()
+        else:
+            step_model, patch = build(variant, model, args.min_bytes)
         with patch:
             step_model(input_ids=ids, labels=ids).loss.backward()
         flat = flat_grads(model)

@@ -165,3 +165,25 @@ def test_bench_activations_cpu_smoke_with_trl(tmp_path):
     assert set(runs) == {"none", "all", "trl"} and all("step_s" in r for r in runs.values())
     assert runs["all"]["d2h_GB_per_step"] > 0
     assert "`all` step / TRL step" in run.stdout
+
+
+def test_bench_compile_cpu_smoke(tmp_path):
+    # Compiled checkpointing and ours, both without the dense causal mask, each from empty compile
+    # caches; the gradient comparison runs first. fp32 on CPU: compiled gradients within rounding
+    # of eager checkpointing's, and ours compared with compiled checkpointing with the same option.
+    run = subprocess.run([sys.executable, "benchmarks/bench_compile.py", "--device", "cpu", "--tiny", "--seqs", "32",
+                          "--steps", "1", "--noise-seq", "32", "--variants", "ckpt_compiled_causal,ours_compiled_causal",
+                          "--out", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "compile_cpu.json").read_text())
+    noise = result["noise"]
+    assert noise["floor"] < 1e-5
+    assert 0 <= noise["ckpt_compiled_causal"] < 1e-5 and 0 <= noise["ours_compiled_causal"] < 1e-5
+    runs = {r["variant"]: r for r in result["runs"]}
+    assert set(runs) == {"ckpt_compiled_causal", "ours_compiled_causal"}
+    assert all(r["compile_s"] > 0 and r["tokens_per_s"] > 0 for r in runs.values())
+    (offloaded,) = runs["ours_compiled_causal"]["offloaded_per_graph"]
+    assert offloaded >= 2  # the tiny model's 2 block inputs at least
+    (summary,) = result["summary"]
+    assert summary["variant"] == "ours_compiled_causal" and summary["against"] == "ckpt_compiled_causal"
+    assert "Gradients at seq 32" in (tmp_path / "compile_cpu.md").read_text()
