@@ -29,12 +29,22 @@ def _sdpa_calls(gm):
     return calls
 
 
-def _compiled(model, graphs):
+def _compiled(model, graphs, **compile_kwargs):
+    """model compiled with a backend that records each dynamo graph in `graphs` and runs it as is."""
     def backend(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
-    return torch.compile(model, backend=backend, fullgraph=True)
+    return torch.compile(model, backend=backend, fullgraph=True, **compile_kwargs)
+
+
+def _llama_and_ours():
+    """The tiny Llama without dropout, and a copy switched by sdpa_is_causal."""
+    torch.manual_seed(0)
+    model = _tiny_llama("cpu", dropout=0.0)
+    ours = copy.deepcopy(model)
+    assert torch_offload.sdpa_is_causal(ours) == "sdpa"
+    return model, ours
 
 
 def _loss_and_grads(model, **inputs):
@@ -44,60 +54,51 @@ def _loss_and_grads(model, **inputs):
     return loss.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
 
-def test_compiled_call_without_a_mask_uses_is_causal_and_matches_transformers():
-    torch.manual_seed(0)
-    model = _tiny_llama("cpu", dropout=0.0)
-    ours = copy.deepcopy(model)
-    assert torch_offload.sdpa_is_causal(ours) == "sdpa"
-    ids = torch.randint(0, 256, (2, 32))
-    theirs_graphs, our_graphs = [], []
-    theirs = _compiled(model, theirs_graphs)
-    mine = _compiled(ours, our_graphs)
-    loss_t, grads_t = _loss_and_grads(theirs, input_ids=ids, labels=ids)
-    loss_o, grads_o = _loss_and_grads(mine, input_ids=ids, labels=ids)
-    # transformers, compiled: the dense mask; ours: no mask, the kernel's causal masking
-    assert _sdpa_calls(theirs_graphs[0]) and all(call == (True, False) for call in _sdpa_calls(theirs_graphs[0]))
-    assert _sdpa_calls(our_graphs[0]) and all(call == (False, True) for call in _sdpa_calls(our_graphs[0]))
+def _assert_same_training(ours, theirs):
+    """(loss, grads) of two steps agree within fp32 rounding."""
+    (loss_o, grads_o), (loss_t, grads_t) = ours, theirs
     torch.testing.assert_close(loss_o, loss_t, rtol=1e-6, atol=1e-6)
+    assert len(grads_o) == len(grads_t) > 0
     for a, b in zip(grads_o, grads_t):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_compiled_call_without_a_mask_uses_is_causal_and_matches_transformers():
+    model, ours = _llama_and_ours()
+    ids = torch.randint(0, 256, (2, 32))
+    theirs_graphs, our_graphs = [], []
+    theirs = _loss_and_grads(_compiled(model, theirs_graphs), input_ids=ids, labels=ids)
+    mine = _loss_and_grads(_compiled(ours, our_graphs), input_ids=ids, labels=ids)
+    # transformers, compiled: the dense mask; ours: no mask, the kernel's causal masking
+    assert _sdpa_calls(theirs_graphs[0]) and all(call == (True, False) for call in _sdpa_calls(theirs_graphs[0]))
+    assert _sdpa_calls(our_graphs[0]) and all(call == (False, True) for call in _sdpa_calls(our_graphs[0]))
+    _assert_same_training(mine, theirs)
+
+
 def test_a_call_with_an_attention_mask_still_gets_the_mask():
-    torch.manual_seed(0)
-    model = _tiny_llama("cpu", dropout=0.0)
-    ours = copy.deepcopy(model)
-    torch_offload.sdpa_is_causal(ours)
+    model, ours = _llama_and_ours()
     ids = torch.randint(0, 256, (2, 32))
     padding = torch.ones(2, 32, dtype=torch.long)
     padding[0, :5] = 0
     graphs = []
-    mine = _compiled(ours, graphs)
-    loss_o, grads_o = _loss_and_grads(mine, input_ids=ids, attention_mask=padding, labels=ids)
-    loss_t, grads_t = _loss_and_grads(model, input_ids=ids, attention_mask=padding, labels=ids)
+    mine = _loss_and_grads(_compiled(ours, graphs), input_ids=ids, attention_mask=padding, labels=ids)
+    theirs = _loss_and_grads(model, input_ids=ids, attention_mask=padding, labels=ids)
     assert all(has_mask for has_mask, _ in _sdpa_calls(graphs[-1]))
-    torch.testing.assert_close(loss_o, loss_t, rtol=1e-6, atol=1e-6)
-    for a, b in zip(grads_o, grads_t):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _assert_same_training(mine, theirs)
 
 
 def test_packed_sequences_given_as_position_ids_keep_their_mask():
-    torch.manual_seed(0)
-    model = _tiny_llama("cpu", dropout=0.0)
-    ours = copy.deepcopy(model)
-    torch_offload.sdpa_is_causal(ours)
+    model, ours = _llama_and_ours()
     ids = torch.randint(0, 256, (1, 32))
     positions = torch.cat([torch.arange(20), torch.arange(12)]).unsqueeze(0)  # two sequences packed
     graphs = []
-    mine = _compiled(ours, graphs)
-    loss_o, grads_o = _loss_and_grads(mine, input_ids=ids, position_ids=positions, labels=ids)
-    loss_t, grads_t = _loss_and_grads(model, input_ids=ids, position_ids=positions, labels=ids)
+    compiled = _compiled(ours, graphs)
+    mine = _loss_and_grads(compiled, input_ids=ids, position_ids=positions, labels=ids)
+    theirs = _loss_and_grads(model, input_ids=ids, position_ids=positions, labels=ids)
     assert all(has_mask for has_mask, _ in _sdpa_calls(graphs[-1]))
-    torch.testing.assert_close(loss_o, loss_t, rtol=1e-6, atol=1e-6)
-    for a, b in zip(grads_o, grads_t):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _assert_same_training(mine, theirs)
     # the same compiled model, called plainly afterwards, recompiles without the mask
-    _loss_and_grads(mine, input_ids=ids, labels=ids)
+    _loss_and_grads(compiled, input_ids=ids, labels=ids)
     assert all(call == (False, True) for call in _sdpa_calls(graphs[-1]))
 
 
@@ -135,24 +136,13 @@ def test_compile_option_and_refusals():
 
 
 def test_one_dynamic_compile_serves_several_lengths_without_the_mask():
-    torch.manual_seed(0)
-    model = _tiny_llama("cpu", dropout=0.0)
-    ours = copy.deepcopy(model)
-    torch_offload.sdpa_is_causal(ours)
+    model, ours = _llama_and_ours()
     graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    mine = torch.compile(ours, backend=backend, fullgraph=True, dynamic=True)
+    compiled = _compiled(ours, graphs, dynamic=True)
     for length in (24, 40):
         ids = torch.randint(0, 256, (1, length))
-        loss_o, grads_o = _loss_and_grads(mine, input_ids=ids, labels=ids)
-        loss_t, grads_t = _loss_and_grads(model, input_ids=ids, labels=ids)
-        torch.testing.assert_close(loss_o, loss_t, rtol=1e-6, atol=1e-6)
-        for a, b in zip(grads_o, grads_t):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        _assert_same_training(_loss_and_grads(compiled, input_ids=ids, labels=ids),
+                              _loss_and_grads(model, input_ids=ids, labels=ids))
     assert len(graphs) == 1, "one dynamic compile for both lengths"
     assert all(call == (False, True) for call in _sdpa_calls(graphs[0]))
 
@@ -166,10 +156,7 @@ def test_a_peft_model_drops_the_mask_too():
     assert torch_offload.sdpa_is_causal(model) == "sdpa"
     graphs = []
     ids = torch.randint(0, 256, (1, 32))
-    loss_o, grads_o = _loss_and_grads(_compiled(model, graphs), input_ids=ids, labels=ids)
-    loss_t, grads_t = _loss_and_grads(reference, input_ids=ids, labels=ids)
+    mine = _loss_and_grads(_compiled(model, graphs), input_ids=ids, labels=ids)
+    theirs = _loss_and_grads(reference, input_ids=ids, labels=ids)
     assert all(call == (False, True) for call in _sdpa_calls(graphs[0]))
-    torch.testing.assert_close(loss_o, loss_t, rtol=1e-6, atol=1e-6)
-    assert len(grads_o) == len(grads_t) > 0
-    for a, b in zip(grads_o, grads_t):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _assert_same_training(mine, theirs)
