@@ -68,7 +68,8 @@ def apply(
     (policy="attention": the fused attention outputs and logsumexp; "attention+qkv+out_proj" and
     other projection groups: also those Linear products; or torch_offload.policies / a torch
     policy function) are offloaded too and not recomputed in backward; outputs under min_bytes
-    (default 64 KiB) stay on the device.
+    (default 64 KiB) stay on the device. A group prefixed "keep_" ("attention+qkv+keep_fc1") keeps
+    its products on the device instead (neither copied nor recomputed).
 
     mode="modules": only the activations saved inside the submodules `targets` (name patterns
     such as "*.self_attn" or module classes) and `presets` (named module groups such as "qkv",
@@ -96,7 +97,8 @@ def apply(
     a new OffloadManager built from the options max_in_flight, prefetch_depth, host_budget_bytes
     (and disk_dir). Options by mode:
       hidden_states:          max_in_flight, prefetch_depth, host_budget_bytes, disk_dir, use_reentrant
-      selective:              policy, min_bytes, and the options of "hidden_states"
+      selective:              policy (or block_policies: one per block), min_bytes, and the options
+                              of "hidden_states"
       all / sync / disk:      min_bytes, max_in_flight, prefetch_depth, host_budget_bytes, disk_dir
       modules:                targets, presets, and the options of "all"
       auto:                   memory_budget_gb, trial_steps, candidates, max_in_flight, host_budget_bytes,

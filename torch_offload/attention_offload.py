@@ -18,6 +18,11 @@ those modules' weights are intercepted, so the recompute skips their matrix prod
 backward still gets its recomputed input). The products worth moving are those whose recompute
 costs most per byte: a Linear's costs 2 x in_features FLOPs per output element, so the MLP's down
 projection (in_features = the MLP width) pays most after the attention itself.
+"keep_<group>" (e.g. "attention+qkv+keep_fc1") keeps that group's products on the device instead:
+no copy and no recompute, for memory. The MLP's up/gate products are too large for the link to
+carry in the time their recompute takes, but where the memory budget leaves room (the last blocks
+of a large model, whose backward comes before most gradients exist) keeping them spares that
+recompute at a third of the memory of not checkpointing the block at all (mode="auto" plans it).
 
 Each wrapper is installed while at least one block that needs it runs (in any thread; the linear
 one only with projection groups) and removed after, so code outside our blocks, compiled or not,
@@ -41,6 +46,7 @@ from .module_presets import PRESETS, preset_modules
 # A named policy is "attention" plus, joined by "+", groups of projections (module_presets' names)
 # whose products are offloaded too: "attention+fc2+out_proj". "attention_qkv" is "attention+qkv".
 PROJECTION_GROUPS = ("qkv", "out_proj", "fc1", "fc2")
+KEEP = "keep_"  # "keep_fc1": the group's products stay on the device (not offloaded, not recomputed)
 _ALIASES = {"attention_qkv": "attention+qkv"}
 _MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default})
 
@@ -102,9 +108,14 @@ def _offloading_sdpa(*args, **kwargs):
 
 def _offloading_linear(input, weight, bias=None):
     stack = getattr(_scopes, "stack", None)
-    if stack and any(weight is w for w in stack[-1].projection_weights):
-        with stack[-1].matmul_mode:
-            return _LINEAR.torch_fn(input, weight, bias)
+    if stack:
+        scope = stack[-1]
+        if any(weight is w for w in scope.projection_weights):
+            with scope.matmul_mode:
+                return _LINEAR.torch_fn(input, weight, bias)
+        if any(weight is w for w in scope.kept_weights):
+            with scope.keep_mode:
+                return _LINEAR.torch_fn(input, weight, bias)
     return _LINEAR.torch_fn(input, weight, bias)
 
 
@@ -123,11 +134,20 @@ def projection_groups(policy):
     head, *groups = _ALIASES.get(policy, policy).split("+")
     if head != "attention" or (policy != "attention" and not groups):
         return None
-    unknown = [g for g in groups if g not in PROJECTION_GROUPS]
-    if unknown or len(set(groups)) != len(groups):
+    bases = [g[len(KEEP):] if g.startswith(KEEP) else g for g in groups]
+    unknown = [g for g in bases if g not in PROJECTION_GROUPS]
+    if unknown or len(set(bases)) != len(bases):
         raise ValueError(f"torch_offload selective policy={policy!r}: after 'attention', join with '+' distinct "
-                         f"projection groups among {PROJECTION_GROUPS} (e.g. 'attention+fc2+out_proj')")
+                         f"projection groups among {PROJECTION_GROUPS}, each offloaded or, prefixed {KEEP!r}, kept "
+                         "on the device (e.g. 'attention+fc2+out_proj', 'attention+qkv+keep_fc1')")
     return tuple(groups)
+
+
+def split_kept(groups) -> tuple:
+    """(offloaded groups, kept groups without their prefix) of projection_groups' answer."""
+    groups = groups or ()
+    return (tuple(g for g in groups if not g.startswith(KEEP)),
+            tuple(g[len(KEEP):] for g in groups if g.startswith(KEEP)))
 
 
 def is_fast_policy(policy) -> bool:
@@ -139,7 +159,7 @@ def projection_weights(block: nn.Module, groups=("qkv",)) -> tuple:
     swaps a module's parameters between sharded and unsharded ones)."""
     found = _projections.setdefault(block, {})
     weights = []
-    for group in groups:
+    for group in (g[len(KEEP):] if g.startswith(KEEP) else g for g in groups):
         modules = found.get(group)
         if modules is None:
             try:
@@ -159,18 +179,21 @@ def projection_weights(block: nn.Module, groups=("qkv",)) -> tuple:
 def saves_per_block(policy, block: nn.Module) -> int:
     """Tensors one block saves under a named policy: the prefetch depth that keeps backward from
     waiting on each copy."""
-    return policies.SAVES_PER_BLOCK + len(projection_weights(block, projection_groups(policy)))
+    groups = projection_groups(policy)
+    projection_weights(block, groups)  # raises for a group the block lacks, kept ones too
+    return policies.SAVES_PER_BLOCK + len(projection_weights(block, split_kept(groups)[0]))
 
 
 class _Scope:
     """The forward or the recompute run of one checkpointed block."""
 
-    def __init__(self, offloaded, is_recompute: bool, projection_weights: tuple):
+    def __init__(self, offloaded, is_recompute: bool, projection_weights: tuple, kept=None, kept_weights: tuple = ()):
         from .selective import _OffloadMode  # selective imports this module
 
         self.attention_mode = _OffloadMode(policies.attention, offloaded, is_recompute)
         self.matmul_mode = _OffloadMode(_offload_matmuls, offloaded, is_recompute)
-        self.projection_weights = projection_weights
+        self.keep_mode = _OffloadMode(_offload_matmuls, kept, is_recompute) if kept_weights else None
+        self.projection_weights, self.kept_weights = projection_weights, kept_weights
         self.is_recompute = is_recompute
         self.calls = 0
 
@@ -179,12 +202,12 @@ class _Scope:
             _scopes.stack = []
         _scopes.stack.append(self)
         _SDPA.install()
-        if self.projection_weights:
+        if self.projection_weights or self.kept_weights:
             _LINEAR.install()
         return self
 
     def __exit__(self, exc_type, *exc):
-        if self.projection_weights:
+        if self.projection_weights or self.kept_weights:
             _LINEAR.uninstall()
         _SDPA.uninstall()
         _scopes.stack.pop()
@@ -205,8 +228,10 @@ def _warn_not_intercepted():
             "attention ops per op, at a higher cost per op", stacklevel=3)
 
 
-def attention_offload_contexts(offloaded, projection_weights: tuple = ()):
+def attention_offload_contexts(offloaded, projection_weights: tuple = (), kept=None, kept_weights: tuple = ()):
     """context_fn for torch_offload.checkpoint: the forward and the recompute scope of one block,
     sharing `offloaded` (selective._Offloaded: the handles of the outputs, in call order); calls of
-    torch.nn.functional.linear with one of `projection_weights` have their products offloaded too."""
-    return (_Scope(offloaded, False, projection_weights), _Scope(offloaded, True, projection_weights))
+    torch.nn.functional.linear with one of `projection_weights` have their products offloaded too,
+    those with one of `kept_weights` have theirs held in `kept` (selective._Kept) on the device."""
+    return (_Scope(offloaded, False, projection_weights, kept, kept_weights),
+            _Scope(offloaded, True, projection_weights, kept, kept_weights))

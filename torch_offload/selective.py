@@ -23,7 +23,8 @@ from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, Selective
 
 from ._ops import offload_restore, offload_save
 from .activations import _compact, _Packed, _rebuild
-from .attention_offload import attention_offload_contexts, is_fast_policy, projection_groups, projection_weights
+from .attention_offload import (attention_offload_contexts, is_fast_policy, projection_groups, projection_weights,
+                                split_kept)
 from .checkpoint import checkpoint as offload_checkpoint
 from .manager import default_manager
 from .policies import resolve
@@ -86,6 +87,47 @@ class _Offloaded:
             shape, stride = value.layout
             restored = torch.empty_strided(shape, stride, dtype=restored.dtype, device=restored.device).copy_(restored)
         return restored
+
+
+_bytes_kept = [0]  # every byte _Kept held, in this process (mode="auto" reads it per step)
+
+
+def bytes_kept() -> int:
+    """Bytes of products kept on the device by "keep_<group>" policies so far, in this process."""
+    return _bytes_kept[0]
+
+
+class _Kept(_Offloaded):
+    """The outputs a policy keeps on the device ("keep_<group>" projection groups): the tensors
+    themselves, handed back in the recompute unless something modified them in place meanwhile."""
+
+    def __init__(self, manager):
+        super().__init__(manager, min_bytes=0)
+
+    # The op's own output is held (a detach() here, below autograd, would not share its version
+    # counter) and handed back as a new alias, so that the recompute's graph is not attached to it.
+    def _pack(self, value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        _bytes_kept[0] += value.numel() * value.element_size()
+        return _KeptTensor(value, value._version)
+
+    def _unpack(self, value):
+        if not isinstance(value, _KeptTensor):
+            return value
+        tensor, version = value.tensor, value.version
+        if tensor._version != version:
+            raise RuntimeError("torch_offload selective offload: a product the policy keeps on the device "
+                               f"(a 'keep_' projection group) was modified in place after it was kept (version "
+                               f"{version} -> {tensor._version}); keep a group whose products are not changed in place")
+        return tensor.detach()
+
+
+class _KeptTensor:
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, tensor, version):
+        self.tensor, self.version = tensor, version
 
 
 class _Held:
@@ -183,15 +225,18 @@ def checkpoint(function, *args, policy="attention", manager=None, min_bytes=DEFA
                          f"('attention', 'attention+qkv', ...), got policy={policy!r} (a policy function needs "
                          "use_reentrant=False)")
     if fast:  # intercepted calls, not a mode per op
-        weights = ()
+        weights = kept_weights = ()
         groups = projection_groups(policy)
         if groups:
             block = block if block is not None else function
             if not isinstance(block, nn.Module):
                 raise ValueError(f"torch_offload.selective_checkpoint(policy={policy!r}): pass the block as "
                                  "`function` (an nn.Module) or as block=, to find its projections")
-            weights = projection_weights(block, groups)
-        context_fn = functools.partial(attention_offload_contexts, _Offloaded(manager, min_bytes), weights)
+            offloaded_groups, kept_groups = split_kept(groups)
+            weights = projection_weights(block, offloaded_groups)
+            kept_weights = projection_weights(block, kept_groups)
+        context_fn = functools.partial(attention_offload_contexts, _Offloaded(manager, min_bytes), weights,
+                                       _Kept(manager) if kept_weights else None, kept_weights)
     else:
         context_fn = functools.partial(selective_offload_contexts, policy, manager, min_bytes)
     if use_reentrant:

@@ -1,6 +1,7 @@
 """mode="selective": each block runs under torch_offload.selective_checkpoint: its input goes to
 host memory, the op outputs the policy offloads (default "attention": the fused attention outputs)
-are offloaded instead of recomputed, and the rest of the block is recomputed in backward."""
+are offloaded instead of recomputed, and the rest of the block is recomputed in backward.
+block_policies= gives each block its own policy."""
 from torch import nn
 
 from ..blocks import BlockForward
@@ -14,25 +15,28 @@ from .options import MANAGER_OPTIONS, check_options, check_use_reentrant
 
 
 def apply_selective(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
-    check_options("selective", options, manager, MANAGER_OPTIONS + ("policy", "min_bytes", "use_reentrant"))
+    check_options("selective", options, manager,
+                  MANAGER_OPTIONS + ("policy", "block_policies", "min_bytes", "use_reentrant"))
     options = dict(options)
-    policy = options.pop("policy", "attention")
     use_reentrant = check_use_reentrant("selective", options.pop("use_reentrant", False))
-    fast = is_fast_policy(policy)  # raises for a bad projection group
-    if use_reentrant and not fast:
-        raise ValueError(f"torch_offload.apply(mode='selective'): use_reentrant=True takes the named policies "
-                         f"('attention', 'attention+fc2', ...), got policy={policy!r}")
-    min_bytes = options.pop("min_bytes", DEFAULT_MIN_BYTES)
-    if not fast:
-        resolve(policy, "torch_offload.apply(mode='selective')")  # fail now, not at the first forward
+    given = options.get("block_policies") or [options.get("policy", "attention")]
+    for policy in given if isinstance(given, (list, tuple)) else ():  # fail now, not at the first forward
+        if use_reentrant and not is_fast_policy(policy):  # raises for a bad projection group
+            raise ValueError(f"torch_offload.apply(mode='selective'): use_reentrant=True takes the named policies "
+                             f"('attention', 'attention+fc2', ...), got policy={policy!r}")
+        if not is_fast_policy(policy):
+            resolve(policy, "torch_offload.apply(mode='selective')")
     blocks = blocks_to_wrap(model, blocks)
-    # Fails now for a block without the policy's projections. Backward prefetches the next block's
+    block_policies = _block_policies(options, len(blocks))
+    min_bytes = options.pop("min_bytes", DEFAULT_MIN_BYTES)
+    # Fails now for a block without its policy's projections. Backward prefetches the next block's
     # saves, so that it never waits on their copies.
-    saves = max(saves_per_block(policy, block) for block in blocks) if fast else SAVES_PER_BLOCK
+    saves = max(saves_per_block(policy, block) if is_fast_policy(policy) else SAVES_PER_BLOCK
+                for block, policy in zip(blocks, block_policies))
     options.setdefault("prefetch_depth", saves)
     manager = manager if manager is not None else OffloadManager(**options)
     handle = OffloadHandle(model, "selective", manager)
-    for block in blocks:
+    for block, policy in zip(blocks, block_policies):
         handle.wrap(_SelectiveForward(block, manager, policy, min_bytes, use_reentrant))
     handle.disable_hf_checkpointing()  # ours replaces it (twice would recompute twice)
     handle.disable_kv_cache()
@@ -50,3 +54,19 @@ class _SelectiveForward(BlockForward):
                                         min_bytes=self.min_bytes, block=self.block,
                                         use_reentrant=self.use_reentrant, **kwargs)
         return self.run(*args, **kwargs)
+
+
+def _block_policies(options: dict, n_blocks: int) -> list:
+    """One policy per block: `policy` for every block (default "attention"), or `block_policies`, a
+    list in the blocks' order (e.g. the last blocks keeping more on the device)."""
+    if "block_policies" not in options:
+        return [options.pop("policy", "attention")] * n_blocks
+    if "policy" in options:
+        raise ValueError("torch_offload.apply(mode='selective'): pass policy= (every block) or block_policies= "
+                         "(one per block), not both")
+    block_policies = options.pop("block_policies")
+    if not isinstance(block_policies, (list, tuple)) or len(block_policies) != n_blocks:
+        length = len(block_policies) if isinstance(block_policies, (list, tuple)) else type(block_policies).__name__
+        raise ValueError(f"torch_offload.apply(mode='selective'): block_policies has {length} entries for "
+                         f"{n_blocks} blocks; give one policy per block, in the blocks' order")
+    return list(block_policies)
