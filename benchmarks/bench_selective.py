@@ -21,6 +21,8 @@ batch 1), forward+backward with labels=input_ids, at each sequence length in --s
               GPU uncopied (e.g. sel:attention+qkv+out_proj@1.3)
   VARIANT#N   an offloading variant on every block but the last N, which run unchecked (auto's
               unchecked tail, e.g. sel:attention+qkv+out_proj@0.61#1)
+  sel:POLICY%N the last N checkpointed blocks keep their MLP's up/gate products on the GPU
+              (POLICY+keep_fc1; e.g. sel:attention+qkv+out_proj%20@0.61#2)
   VARIANT/chunked, VARIANT/grads_in_forward   the variant with its loss in chunks (as --chunked-loss,
               for this variant only: ckpt/grads_in_forward beside ckpt in one process)
 
@@ -101,7 +103,19 @@ def valid_variant(variant: str) -> bool:
         return False
     if (keep or tail) and (variant.startswith(("ckpt", "torch_sac", "auto")) or keep < 0):
         return False
-    return variant in VARIANTS or (variant.startswith(("sel:", "sel_re:")) and variant.partition(":")[2] != "")
+    if variant.startswith(("sel:", "sel_re:")):
+        try:
+            policy, kept_blocks = _kept_fc1_blocks(variant.partition(":")[2])
+        except ValueError:
+            return False
+        return policy != "" and kept_blocks >= 0
+    return variant in VARIANTS
+
+
+def _kept_fc1_blocks(policy: str):
+    """POLICY%N -> (POLICY, N last blocks that also keep their up/gate products); ValueError for a bad N."""
+    base, percent, n = policy.partition("%")
+    return base, int(n) if percent else 0
 
 
 def enable(model, variant, auto_budget_gb=None):
@@ -126,7 +140,10 @@ def enable(model, variant, auto_budget_gb=None):
     if variant.startswith(("sel:", "sel_re:")):
         policy = variant.partition(":")[2]
     if policy is not None:
-        return torch_offload.apply(model, "selective", policy=policy, use_reentrant=reentrant, **kept).remove
+        policy, kept_fc1 = _kept_fc1_blocks(policy)
+        n = len(kept.get("blocks", model.model.layers))
+        per_block = dict(block_policies=[policy] * (n - kept_fc1) + [policy + "+keep_fc1"] * kept_fc1)
+        return torch_offload.apply(model, "selective", use_reentrant=reentrant, **per_block, **kept).remove
     if variant in ("auto", "auto_re"):
         budget = {} if auto_budget_gb is None else dict(memory_budget_gb=auto_budget_gb)
         return torch_offload.apply(model, "auto", use_reentrant=reentrant, **budget).remove
@@ -254,6 +271,8 @@ def markdown(result):
             lines += ["", f"seq {r['seq']} auto (budget {'-' if budget is None else f'{budget:.2f} GB'}): " + "; ".join(
                 f"{p['candidate']}" + (f" keeping {p['keep_on_device_GB']:.2f} GB" if p.get("keep_on_device_GB") else "")
                 + (f" with the last {p['tail_blocks']} blocks unchecked" if p.get("tail_blocks") else "")
+                + (f" with the last {p['kept_mlp_blocks']} checkpointed blocks keeping their up/gate products "
+                   f"({p['kept_GB']:.2f} GB)" if p.get("kept_mlp_blocks") else "")
                 + f" {p['step_s']:.3f} s"
                 + (f" {p['peak_allocated_GB']:.2f} GB" if "peak_allocated_GB" in p else "")
                 + (" (chosen)" if p["chosen"] else "") for p in r["auto_plan"])]

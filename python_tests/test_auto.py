@@ -15,14 +15,14 @@ def test_auto_trains_like_checkpointing_through_every_trial_and_keeps_one(device
     reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     handle = torch_offload.apply(ours, "auto")
     # 4 candidates x 3 trial steps; the 13th step's forward closes the last trial and decides. On
-    # CUDA, room under the budget adds trials of the fastest with saves kept on the GPU or its last
-    # blocks left unchecked (the tail).
-    _steps_match_plain(ours, reference, device, steps=28)
+    # CUDA, room under the budget adds trials of the fastest with saves kept on the GPU, its last
+    # blocks left unchecked (the tail) or keeping their up/gate products (at most 13 trials).
+    _steps_match_plain(ours, reference, device, steps=28 if device == "cpu" else 42)
     assert handle.planned and [r["candidate"] for r in handle.plan][:4] == [
         "hidden_states", "selective:attention", "selective:attention+qkv+out_proj", "checkpointing"]
     extra_trials = handle.plan[4:]
     assert not extra_trials or (device == "cuda" and all(
-        r["keep_on_device_bytes"] or r["tail_blocks"] for r in extra_trials))
+        r["keep_on_device_bytes"] or r["tail_blocks"] or r["kept_mlp_blocks"] for r in extra_trials))
     assert sum(r["chosen"] for r in handle.plan) == 1
     assert handle.chosen == next(r["candidate"] for r in handle.plan if r["chosen"])
     assert all(r["step_s"] == min(r["steps_s"]) > 0 and len(r["steps_s"]) == 2 for r in handle.plan)

@@ -37,6 +37,11 @@ over, one more for part of the window where that makes the room (at most TAIL_TR
 the peak comes at the end of backward (the gradients of a large model) that room is large. The
 fastest row within the budget is kept, as for the candidates.
 
+Then per block again (auto_kept.py): the fastest selective row without a tail runs with its last
+blocks keeping their MLP's up/gate products on the device ("+keep_fc1"), as many blocks as the early
+phase's room takes (at most KEPT_TRIES trials): that spares most of what a selective block still
+recomputes at about a third of an unchecked block's memory.
+
 While it plans, auto synchronises the device and resets its peak-memory statistics at each step.
 """
 import functools
@@ -51,6 +56,8 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from ..attention_offload import is_fast_policy, projection_groups, projection_weights
 from ..blocks import BlockForward
 from ..handle import OffloadHandle, blocks_to_wrap
+from ..selective import bytes_kept
+from .auto_kept import block_policies, can_keep_mlp, next_kept_trial
 from .auto_tail import TailProbe, next_tail_trial
 from .hidden_states import apply_hidden_states
 from .options import check_options, check_use_reentrant
@@ -147,8 +154,9 @@ class _TorchCheckpointForward(BlockForward):
 
 
 def _install(model, blocks, candidate: str, manager_options: dict, use_reentrant: bool,
-             keep_on_device_bytes: int = 0, tail: int = 0) -> OffloadHandle:
-    """The candidate on every block but the last `tail` (those run as they are: unchecked)."""
+             keep_on_device_bytes: int = 0, tail: int = 0, kept_blocks: int = 0) -> OffloadHandle:
+    """The candidate on every block but the last `tail` (those run as they are: unchecked); the last
+    `kept_blocks` of those keep their MLP's up/gate products (auto_kept.py)."""
     blocks = blocks[:len(blocks) - tail]
     if keep_on_device_bytes:
         manager_options = dict(manager_options, keep_on_device_bytes=keep_on_device_bytes)
@@ -161,8 +169,9 @@ def _install(model, blocks, candidate: str, manager_options: dict, use_reentrant
         return handle
     if candidate == "hidden_states":
         return apply_hidden_states(model, blocks, None, dict(manager_options, use_reentrant=use_reentrant))
-    policy = candidate.partition(":")[2]  # apply_selective sets the prefetch depth for the policy
-    return apply_selective(model, blocks, None, dict(manager_options, policy=policy, use_reentrant=use_reentrant))
+    # apply_selective sets the prefetch depth for the policies
+    per_block = dict(block_policies=block_policies(candidate, len(blocks), kept_blocks))
+    return apply_selective(model, blocks, None, dict(manager_options, use_reentrant=use_reentrant, **per_block))
 
 
 class AutoHandle(OffloadHandle):
@@ -178,12 +187,15 @@ class AutoHandle(OffloadHandle):
         self.chosen: Optional[str] = None
         self.keep_on_device_bytes = 0  # of the chosen row
         self.tail_blocks = 0  # of the chosen row: its last blocks that run unchecked
-        self._trials = [(c, 0, 0) for c in candidates]  # (candidate, keep_on_device_bytes, tail) to measure
+        self.kept_mlp_blocks = 0  # of the chosen row: its last blocks that keep their up/gate products
+        # (candidate, keep_on_device_bytes, tail, kept_mlp_blocks) to measure
+        self._trials = [(c, 0, 0, 0) for c in candidates]
+        self._tails_done = False
         self._trial = 0  # index into _trials
         self._round = 0  # rounds of further trials queued: 1 windows, 2 smaller windows, 3+ tails
         self._probe: Optional[TailProbe] = None
         self._steps = 0  # steps finished under the current candidate
-        self._timed = []  # (seconds, peak allocated GB, bytes to host, early peak GB) of its timed steps
+        self._timed = []  # (seconds, peak allocated GB, bytes to host, early peak GB, bytes kept) of its timed steps
         self._started: Optional[float] = None
         self.current: Optional[OffloadHandle] = None  # the candidate's handle in use
         self._switch(*self._trials[0])
@@ -210,16 +222,17 @@ class AutoHandle(OffloadHandle):
             return "-" if value is None else f"{value:.2f}"
 
         lines = [f"torch_offload mode='auto' (budget: {budget})", "",
-                 "| candidate | kept on GPU GB | unchecked last blocks | step s | predicted peak GB "
-                 "| early peak GB | peak allocated GB | within budget | chosen |",
-                 "|---|---|---|---|---|---|---|---|---|"]
+                 "| candidate | kept on GPU GB | unchecked last blocks | last blocks keeping up/gate | step s "
+                 "| predicted peak GB | early peak GB | peak allocated GB | within budget | chosen |",
+                 "|---|---|---|---|---|---|---|---|---|---|"]
         for row in self.plan:
             lines.append(f"| {row['candidate']} | {gb(row['keep_on_device_GB'])} | {row['tail_blocks']} | "
+                         f"{row.get('kept_mlp_blocks', 0)} | "
                          f"{row['step_s']:.4f} | {gb(row.get('predicted_peak_GB'))} | {gb(row.get('early_peak_GB'))} | "
                          f"{gb(row.get('peak_allocated_GB'))} | {row['within_budget']} | {row['chosen']} |")
         return "\n".join(lines) + "\n"
 
-    def _switch(self, candidate: str, keep_on_device_bytes: int = 0, tail: int = 0) -> None:
+    def _switch(self, candidate: str, keep_on_device_bytes: int = 0, tail: int = 0, kept_blocks: int = 0) -> None:
         self._remove_probe()
         if self.current is not None:
             old = self.current.manager
@@ -228,7 +241,7 @@ class AutoHandle(OffloadHandle):
                 old.synchronize()
                 old.empty_pool()  # its pinned buffers, before the next candidate's pool fills
         self.current = _install(self.model, self._blocks, candidate, self._manager_options, self._use_reentrant,
-                                keep_on_device_bytes, tail)
+                                keep_on_device_bytes, tail, kept_blocks)
         self.manager = self.current.manager
         if not self.planned and torch.cuda.is_available():
             n = len(self._blocks)  # the early phase ends with the last checkpointed block's backward
@@ -251,6 +264,7 @@ class AutoHandle(OffloadHandle):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         self._bytes_before = self.current.stats().get("bytes_to_host", 0)
+        self._kept_before = bytes_kept()
         self._started = time.perf_counter()
 
     def _finish_step(self, cuda: bool) -> None:
@@ -263,14 +277,16 @@ class AutoHandle(OffloadHandle):
             probe = self._probe
             self._timed.append((seconds, torch.cuda.max_memory_allocated() / GB if cuda else None,
                                 self.current.stats().get("bytes_to_host", 0) - self._bytes_before,
-                                probe.early_peak_gb if cuda and probe is not None else None))
+                                probe.early_peak_gb if cuda and probe is not None else None,
+                                bytes_kept() - self._kept_before))
             if probe is not None:
                 probe.early_peak_gb = None
         if self._steps < self._trial_steps:
             return
-        candidate, keep, tail = self._trials[self._trial]
+        candidate, keep, tail, kept_blocks = self._trials[self._trial]
         row = {"candidate": candidate, "keep_on_device_bytes": keep, "keep_on_device_GB": keep / GB,
-               "tail_blocks": tail, "step_s": min(t[0] for t in self._timed),
+               "tail_blocks": tail, "kept_mlp_blocks": kept_blocks, "kept_GB": self._timed[-1][4] / GB,
+               "step_s": min(t[0] for t in self._timed),
                "steps_s": [t[0] for t in self._timed], "bytes_to_host": self._timed[-1][2]}
         if cuda:
             row["peak_allocated_GB"] = max(t[1] for t in self._timed)
@@ -278,7 +294,7 @@ class AutoHandle(OffloadHandle):
             row["early_peak_GB"] = max(early) if early else None
             if tail and self._probe is not None:
                 row["tail_block_GB"] = self._probe.block_gb
-            if keep and not tail:  # the candidate's own early peak plus what the window keeps
+            if keep and not tail and not kept_blocks:  # the candidate's own early peak plus what the window keeps
                 alone = self._without_window(candidate)
                 row["predicted_peak_GB"] = max(alone["peak_allocated_GB"], _early_peak(alone) + keep / GB)
         self.plan.append(row)
@@ -295,23 +311,29 @@ class AutoHandle(OffloadHandle):
             self._decide()
 
     def _queue_more_trials(self) -> bool:
-        """Queues the next round of trials (windows, smaller windows, then unchecked tails); False
-        when no round is left."""
+        """Queues the next round of trials (windows, smaller windows, unchecked tails, then kept
+        up/gate products); False when no round is left."""
         if self.budget_gb is None or any("peak_allocated_GB" not in r for r in self.plan):
             return False
         self._round += 1
         if self._round <= 2:
             self._plan_keep_trials()
-        else:
-            tail = self._next_tail_trial()
-            if tail is None:
-                return False
-            self._trials.append(tail)
+            return True
+        trial = None if self._tails_done else self._next_tail_trial()
+        if trial is None:
+            self._tails_done = True
+            eligible = functools.partial(can_keep_mlp, self._blocks)
+            trial = next_kept_trial(self.plan, self.budget_gb, len(self._blocks), eligible)
+        if trial is None:
+            return False
+        self._trials.append(trial)
         return True
 
     def _next_tail_trial(self):
         device_gb = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GB
-        return next_tail_trial(self.plan, self.budget_gb, len(self._blocks), device_gb)
+        trial = next_tail_trial(self.plan, self.budget_gb, len(self._blocks), device_gb)
+        return trial + (0,) if trial is not None else None
+
 
     def _plan_keep_trials(self) -> None:
         """Queues trials of the fastest fitting offloading candidates (those within KEEP_TRY_WITHIN
@@ -328,18 +350,18 @@ class AutoHandle(OffloadHandle):
             for row in tries:
                 keep = keep_on_device_bytes_for(self.budget_gb, _early_peak(row), self._per_block_bytes(row))
                 if keep:
-                    self._trials.append((row["candidate"], keep, 0))
+                    self._trials.append((row["candidate"], keep, 0, 0))
         elif self._round == 2:
             for row in [r for r in self.plan if r["keep_on_device_bytes"] and r["peak_allocated_GB"] > self.budget_gb]:
                 excess = row["peak_allocated_GB"] - self.budget_gb
                 keep = int(row["keep_on_device_bytes"] - excess * GB * (1 + KEEP_MARGIN))
                 if keep > 0 and keep >= self._per_block_bytes(self._without_window(row["candidate"])):
-                    self._trials.append((row["candidate"], keep, 0))
+                    self._trials.append((row["candidate"], keep, 0, 0))
 
     def _without_window(self, candidate: str) -> dict:
         """The plan's row of `candidate` measured without a window."""
         return next(r for r in self.plan if r["candidate"] == candidate and not r["keep_on_device_bytes"]
-                    and not r["tail_blocks"])
+                    and not r["tail_blocks"] and not r["kept_mlp_blocks"])
 
     def _per_block_bytes(self, row: dict) -> float:
         return row["bytes_to_host"] / max(1, len(self._blocks))
@@ -371,7 +393,9 @@ class AutoHandle(OffloadHandle):
         self.chosen = best["candidate"]
         self.keep_on_device_bytes = best["keep_on_device_bytes"]
         self.tail_blocks = best["tail_blocks"]
+        self.kept_mlp_blocks = best["kept_mlp_blocks"]
         self.planned = True
         self._remove_probe()
-        if (self.chosen, self.keep_on_device_bytes, self.tail_blocks) != self._trials[-1]:
-            self._switch(self.chosen, self.keep_on_device_bytes, self.tail_blocks)
+        chosen = (self.chosen, self.keep_on_device_bytes, self.tail_blocks, self.kept_mlp_blocks)
+        if chosen != self._trials[-1]:
+            self._switch(*chosen)
