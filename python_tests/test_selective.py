@@ -325,5 +325,5 @@ def test_projection_group_errors_name_the_case():
     with pytest.raises(ValueError, match="pass the block as `function`"):
         torch_offload.selective_checkpoint(lambda t: t.sin(), torch.randn(2, requires_grad=True),
                                            policy="attention_qkv")
-    with pytest.raises(ValueError, match="'attention_qkv' .projection groups. is eager only"):
-        torch_offload.compile(nn.Linear(2, 2), "selective", policy="attention_qkv", blocks=[])
+    with pytest.raises(ValueError, match="'attention_qkv' .projection groups. needs the blocks' modules"):
+        torch_offload.selective_offload_contexts("attention_qkv")

@@ -11,23 +11,28 @@ from typing import Optional
 
 import torch
 
-from . import hf_causal_mask, policies
+from . import hf_causal_mask, hf_logits, policies
+from .attention_offload import is_fast_policy, projection_groups
 from .compile_partitioner import OffloadPartitioner
+from .compile_policies import projection_policy
 from .manager import OffloadManager
 
 
 def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None,
             min_bytes: int = 1 << 20, blocks=None, backend: str = "inductor",
             compile_mode: Optional[str] = None, policy="attention",
-            options: Optional[dict] = None, sdpa_is_causal: bool = False, **compile_kwargs):
+            options: Optional[dict] = None, sdpa_is_causal: bool = False, detach_logits: bool = False,
+            **compile_kwargs):
     """torch.compile(model) with offloading inside the compiled graphs.
 
     mode="hidden_states": the model's blocks run under torch's gradient checkpointing (a Hugging Face
     model's own, or torch.utils.checkpoint around `blocks`), and the checkpoint inputs are offloaded.
     mode="selective": the same checkpointing with a selective policy (`policy`: a name from
-    torch_offload.policies, e.g. "attention", or a torch policy function `(ctx, op, *args,
-    **kwargs) -> CheckpointPolicy`): outputs it marks CheckpointPolicy.MUST_CPU_OFFLOAD are saved
-    and offloaded, not recomputed; MUST_SAVE ones stay on the device; the checkpoint inputs move.
+    torch_offload.policies, e.g. "attention", a name with projection groups such as
+    "attention+qkv+out_proj" (compile_policies.py: projections recognised by their weights' shapes),
+    or a torch policy function `(ctx, op, *args, **kwargs) -> CheckpointPolicy`): outputs it marks
+    CheckpointPolicy.MUST_CPU_OFFLOAD are saved and offloaded, not recomputed; MUST_SAVE ones stay on
+    the device; the checkpoint inputs move.
     mode="all": no checkpointing; every saved activation of at least min_bytes is offloaded.
     backend="inductor" (default) passes our partitioner through inductor's custom_partitioner_fn
     option; backend="aot_eager" runs the same partitioned graphs with eager kernels (numerically
@@ -40,21 +45,26 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
     sdpa_is_causal=True (a Hugging Face model with SDPA attention): calls without an attention_mask and
     without a cache use SDPA's is_causal instead of the dense [S, S] mask transformers builds while
     compiling (torch_offload.sdpa_is_causal, hf_causal_mask.py).
+    detach_logits=True (a Hugging Face causal LM): calls with labels return the logits detached, so
+    backward holds no zero gradient of the logits' size (torch_offload.detach_logits, hf_logits.py;
+    no gradient flows through the returned logits).
     Other keyword arguments (fullgraph=True, dynamic=...) go to torch.compile.
     """
-    policy_fn = policies.resolve(policy, "torch_offload.compile") if mode == "selective" else None
+    policy_fn, saves_per_block = _policy(model, mode, policy, blocks)
     options = _inductor_options(compile_mode, options, backend)
     # Compiled graphs launch far ahead of the GPU: with saves a layer apart (hidden_states), earlier
     # sources are released in stream order at each save, or the allocator would still count them
     # at the forward's peak. In "all" mode saves are a few kernels apart and that wait would stall.
-    # Selective saves three values per block (input, attention output, logsumexp): restoring one
-    # must prefetch the previous block's three, or backward waits on each copy.
+    # Selective saves several values per block (input, attention output, logsumexp, the products
+    # of projection groups): restoring one must prefetch the previous block's, or backward waits
+    # on each copy.
     if manager is None:
-        manager = OffloadManager(release_sources_on_save=mode != "all",
-                                 prefetch_depth=policies.SAVES_PER_BLOCK if mode == "selective" else 1)
+        manager = OffloadManager(release_sources_on_save=mode != "all", prefetch_depth=saves_per_block)
     partitioner = OffloadPartitioner(manager, mode, min_bytes)  # checks mode before the model changes
     if sdpa_is_causal:
         hf_causal_mask.sdpa_is_causal(model)
+    if detach_logits:
+        hf_logits.detach_logits(model)
     if mode != "all":
         _enable_checkpointing(model, blocks, policy_fn)
     if backend == "inductor":
@@ -72,6 +82,18 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
         compiled = torch.compile(model, backend=eager_backend, **compile_kwargs)
     compiled.offload_partitioner = partitioner
     return compiled
+
+
+def _policy(model, mode: str, policy, blocks):
+    """(the selective policy function or None, the saves per block that backward prefetches)."""
+    if mode != "selective":
+        return None, 1
+    if is_fast_policy(policy) and projection_groups(policy):
+        from .blocks import find_blocks
+
+        return projection_policy(policy, list(blocks) if blocks is not None else find_blocks(model),
+                                 "torch_offload.compile")
+    return policies.resolve(policy, "torch_offload.compile"), policies.SAVES_PER_BLOCK
 
 
 def _inductor_options(compile_mode, options, backend) -> dict:

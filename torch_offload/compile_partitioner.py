@@ -45,6 +45,7 @@ COMPILE_MODES = ("hidden_states", "selective", "all")
 _SAVE = torch.ops.offload.offload_save.default
 _RESTORE = torch.ops.offload.offload_restore.default
 _OFFLOAD_TAG = "torch_offload_offload"  # node meta: a policy asked for this value to be offloaded
+_KEEP_TAG = "torch_offload_keep"  # node meta: a policy asked for this value to stay on the device
 
 
 def _output_node(graph: torch.fx.Graph) -> torch.fx.Node:
@@ -82,11 +83,15 @@ def _feeds_recompute(placeholder: torch.fx.Node) -> bool:
 
 def _save_what_policies_offload(joint: torch.fx.GraphModule) -> None:
     """MUST_CPU_OFFLOAD -> MUST_SAVE plus our tag: the partitioner saves the value, we offload it.
-    The forward graph's nodes keep the joint nodes' meta, so the tag reaches _selected."""
+    MUST_SAVE gets the keep tag: such a value feeds the recompute in backward, like a checkpoint
+    input, but the policy wants it on the device. The forward graph's nodes keep the joint nodes'
+    meta, so the tags reach _selected."""
     for node in joint.graph.nodes:
         if node.meta.get("recompute") == CheckpointPolicy.MUST_CPU_OFFLOAD:
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
             node.meta[_OFFLOAD_TAG] = True
+        elif node.meta.get("recompute") == CheckpointPolicy.MUST_SAVE:
+            node.meta[_KEEP_TAG] = True
 
 
 class OffloadPartitioner(CustomPartitionerFn):
@@ -121,7 +126,9 @@ class OffloadPartitioner(CustomPartitionerFn):
             return False
         if val.numel() * val.element_size() < self.min_bytes:
             return False
-        if self.mode == "all" or _feeds_recompute(placeholder):
+        if self.mode == "all":
+            return True
+        if _feeds_recompute(placeholder) and not saved.meta.get(_KEEP_TAG, False):
             return True
         return self.mode == "selective" and saved.meta.get(_OFFLOAD_TAG, False)
 

@@ -43,8 +43,9 @@ def resolve(policy, caller: str):
     create_selective_checkpoint_contexts) or a policy function."""
     if isinstance(policy, str):
         if policy not in POLICIES and (policy == "attention_qkv" or policy.startswith("attention+")):
-            raise ValueError(f"{caller}: policy={policy!r} (projection groups) is eager only "
-                             "(apply(mode='selective'), selective_checkpoint); here use 'attention' or a policy function")
+            raise ValueError(f"{caller}: policy={policy!r} (projection groups) needs the blocks' modules "
+                             "(apply(mode='selective'), selective_checkpoint(block=), torch_offload.compile); "
+                             "here use 'attention' or a policy function")
         if policy not in POLICIES:
             raise ValueError(f"{caller}: unknown policy={policy!r}; expected one of {sorted(POLICIES)} "
                              "(eager selective also 'attention+qkv' and other projection groups), "
