@@ -12,6 +12,7 @@ from .chunked_loss import chunked_causal_lm_loss
 from .compile import OffloadPartitioner, compile
 from .empty_steps import NothingOffloadedWarning
 from .hf_causal_mask import sdpa_is_causal
+from .hf_logits import detach_logits
 from .layers import LayerOffloadHandle, offload_layers
 from .lm_loss import ChunkedLossHandle, chunk_lm_loss
 from .manager import OffloadManager, default_manager, reset_stats, stats
@@ -56,6 +57,7 @@ __all__ = [
     "offload_save",
     "reset_stats",
     "sdpa_is_causal",
+    "detach_logits",
     "select_modules",
     "selective_checkpoint",
     "selective_offload_contexts",
