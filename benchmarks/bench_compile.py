@@ -10,10 +10,15 @@ per sequence length. Variants:
                    (torch._functorch.config.enable_activation_offloading, every joint node marked)
   ours_compiled    torch_offload.compile(mode="hidden_states")
   ours_selective   torch_offload.compile(mode="selective"): attention outputs offloaded, not recomputed
+  ours_selective_proj  the same with policy="attention+qkv+out_proj": the attention projections'
+                   products offloaded too
   ours_all         torch_offload.compile(mode="all") (no checkpointing)
   VARIANT_causal   the variant with torch_offload.sdpa_is_causal(model) first: SDPA's is_causal instead
-                   of the dense causal mask transformers builds while compiling (compared with
-                   ckpt_compiled_causal when that ran, else with ckpt_compiled)
+                   of the dense causal mask transformers builds while compiling
+  VARIANT_detach   the variant with torch_offload.detach_logits(model) first: the logits come back
+                   detached, so no zero gradient of their size is held through backward
+                   (VARIANT_causal_detach: both). A variant is compared with ckpt_compiled with the
+                   same options when that ran, else with ckpt_compiled_causal, else ckpt_compiled
 
 Per run: compile time (first step minus a steady step), median step time, tokens/s, peak
 allocated / reserved memory, the forward's peak, and with --timeline the allocated-memory timeline
@@ -75,11 +80,25 @@ def _mark_all(gm, _inputs):
     return gm
 
 
+OPTIONS = ("_causal", "_detach")  # suffixes, in this order: VARIANT_causal_detach
+
+
+def split_options(variant):
+    """VARIANT_causal_detach -> ("VARIANT", "_causal_detach")."""
+    suffix = ""
+    for option in reversed(OPTIONS):
+        if variant.endswith(option):
+            variant, suffix = variant[:-len(option)], option + suffix
+    return variant, suffix
+
+
 def build(variant, model, min_bytes=1 << 20):
     """The model to step for `variant`, and the config patch its compile and steps run under."""
-    if variant.endswith("_causal"):
+    variant, suffix = split_options(variant)
+    if "_causal" in suffix:
         torch_offload.sdpa_is_causal(model)
-        variant = variant[:-len("_causal")]
+    if "_detach" in suffix:
+        torch_offload.detach_logits(model)
     ckpt = {"use_reentrant": False}
     if variant == "sac_compiled":
         ckpt["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policies.attention_save)
@@ -94,8 +113,10 @@ def build(variant, model, min_bytes=1 << 20):
         return torch.compile(model, fullgraph=True, dynamic=False), patch
     if variant == "ckpt_compiled_noreuse":
         return torch.compile(model, fullgraph=True, dynamic=False, options={"allow_buffer_reuse": False}), patch
-    mode = {"ours_compiled": "hidden_states", "ours_selective": "selective", "ours_all": "all"}[variant]
-    return torch_offload.compile(model, mode, fullgraph=True, dynamic=False, min_bytes=min_bytes), patch
+    mode = {"ours_compiled": "hidden_states", "ours_selective": "selective", "ours_selective_proj": "selective",
+            "ours_all": "all"}[variant]
+    policy = dict(policy="attention+qkv+out_proj") if variant == "ours_selective_proj" else {}
+    return torch_offload.compile(model, mode, fullgraph=True, dynamic=False, min_bytes=min_bytes, **policy), patch
 
 
 @contextlib.contextmanager
@@ -238,8 +259,10 @@ def summarise(config, seq, rows) -> list:
     boundary = config["layers"] * seq * config["hidden"] * 2 / GB
     out = []
     for variant, row in rows.items():
-        causal_ref = variant.endswith("_causal") and variant != "ckpt_compiled_causal" and "ckpt_compiled_causal" in rows
-        ref_name = "ckpt_compiled_causal" if causal_ref else "ckpt_compiled"
+        # Compiled checkpointing with the variant's own options when it ran, else fewer of them.
+        suffix = split_options(variant)[1]
+        refs = ["ckpt_compiled" + suffix, "ckpt_compiled_causal" if "_causal" in suffix else None, "ckpt_compiled"]
+        ref_name = next((r for r in refs if r in rows and r != variant), "ckpt_compiled")
         ref = rows.get(ref_name, {})
         if variant == ref_name or "step_s" not in row or "step_s" not in ref:
             continue

@@ -15,6 +15,7 @@ Variants (comma-separated, one process, same model shape):
                                        FSDP2 on a 1-rank NCCL group (fully_shard per layer + root):
                                        checkpointing / apply before / after fully_shard
   VARIANT_causal                       the variant with torch_offload.sdpa_is_causal(model) first
+  VARIANT_detach, VARIANT_causal_detach  with torch_offload.detach_logits(model) first (and both)
 
 GPU: python3 benchmarks/peak_memory.py --out DIR --layers 8 --seqs 16384 --variants ckpt_compiled,ours_compiled
      torchrun --nproc_per_node=2 benchmarks/peak_memory.py --out DIR --variants fsdp_ckpt,fsdp_ours_before
@@ -205,6 +206,9 @@ def build_variant(variant, config, seq):
     if variant.startswith("fsdp"):
         _fsdp_group()
     model = build_llama(config, "cuda", seq)
+    if variant.endswith("_detach"):  # the logits returned detached (torch_offload.detach_logits)
+        torch_offload.detach_logits(model)
+        variant = variant[:-len("_detach")]
     if variant.endswith("_causal"):  # without the dense causal mask (torch_offload.sdpa_is_causal)
         torch_offload.sdpa_is_causal(model)
         variant = variant[:-len("_causal")]
