@@ -288,30 +288,11 @@ def test_attention_by_name_warns_when_the_block_does_not_call_sdpa(monkeypatch):
                                            ("attention+out_proj+fc2", (1, 2)),
                                            ("attention+qkv+out_proj+fc1+fc2", (6, 7))])
 def test_projection_groups_skip_their_products_in_the_recompute(policy, spared, use_reentrant):
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class CountMatmuls(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.count += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
-            return func(*args, **(kwargs or {}))
-
-    def matmuls_in_backward(policy):
-        model = _tiny_llama("cpu", 0.0)
-        handle = torch_offload.apply(model, "selective", model.model.layers, policy=policy, min_bytes=0,
-                                     use_reentrant=use_reentrant)
-        ids = torch.randint(0, 256, (2, 32))
-        loss = model(input_ids=ids, labels=ids).loss
-        with CountMatmuls() as counter:
-            loss.backward()
-        handle.remove()
-        return counter.count
+    from test_selective_keep import matmuls_in_backward
 
     # 3 layers x the group's Linear modules: products restored, not recomputed.
-    assert matmuls_in_backward("attention") - matmuls_in_backward(policy) == 3 * spared[use_reentrant]
+    matmuls = [matmuls_in_backward(use_reentrant, policy=p)[0] for p in ("attention", policy)]
+    assert matmuls[0] - matmuls[1] == 3 * spared[use_reentrant]
 
 
 def test_projection_group_errors_name_the_case():

@@ -23,9 +23,9 @@ class _CountMatmuls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _one_step(use_reentrant=False, **options):
-    """A tiny Llama step under apply(mode="selective", **options): (matmuls in backward, bytes copied
-    to the host, the model)."""
+def matmuls_in_backward(use_reentrant=False, **options):
+    """A tiny Llama step under apply(mode="selective", **options): (matrix products in backward,
+    bytes copied to the host)."""
     model = _tiny_llama("cpu", 0.0)
     handle = torch_offload.apply(model, "selective", model.model.layers, min_bytes=0,
                                  use_reentrant=use_reentrant, **options)
@@ -35,15 +35,15 @@ def _one_step(use_reentrant=False, **options):
         loss.backward()
     copied = handle.stats()["bytes_to_host"]
     handle.remove()
-    return counter.count, copied, model
+    return counter.count, copied
 
 
 @pytest.mark.parametrize("use_reentrant", [False, True])
 def test_kept_group_spares_its_products_without_copying_them(use_reentrant):
     torch.manual_seed(0)
-    matmuls, copied, _ = _one_step(use_reentrant, policy="attention+qkv")
+    matmuls, copied = matmuls_in_backward(use_reentrant, policy="attention+qkv")
     torch.manual_seed(0)
-    kept_matmuls, kept_copied, _ = _one_step(use_reentrant, policy="attention+qkv+keep_fc1")
+    kept_matmuls, kept_copied = matmuls_in_backward(use_reentrant, policy="attention+qkv+keep_fc1")
     assert matmuls - kept_matmuls == LAYERS * 2  # gate and up products, per layer
     assert kept_copied == copied  # nothing more crossed the link
 
@@ -64,9 +64,9 @@ def test_block_policies_give_each_block_its_policy():
     # The last block keeps its up/gate products: 2 matmuls spared in its recompute only.
     policies = ["attention"] * (LAYERS - 1) + ["attention+keep_fc1"]
     torch.manual_seed(0)
-    matmuls, copied, _ = _one_step(policy="attention")
+    matmuls, copied = matmuls_in_backward(policy="attention")
     torch.manual_seed(0)
-    mixed_matmuls, mixed_copied, _ = _one_step(block_policies=policies)
+    mixed_matmuls, mixed_copied = matmuls_in_backward(block_policies=policies)
     assert matmuls - mixed_matmuls == 2
     assert mixed_copied == copied
 
