@@ -63,3 +63,9 @@ timeout 320 python3 benchmarks/bench_compile.py --out $OUT/c64 --seqs 65536 --st
 
 # ---- call 8
 python3 benchmarks/bench_compile.py --out $OUT/noise --seqs "" --noise-seq 4096 --variants ckpt_compiled,ckpt_compiled_causal
+
+# ---- call 9: .gpu/s11call9.sh
+# Session 11, call 9 (issue 10): selective "attention" at 16k with a window of its newest saves kept
+# on the GPU (its peak may exceed hidden_states' by 0.5 GB), beside hidden_states, 3 interleaved rounds.
+timeout 280 python3 benchmarks/bench_selective.py --out $OUT/r16 --seqs 16384 --rounds 3 --steps 3 --warmup 1 \
+  --variants ckpt,hidden,selective,selective@0.3,selective@0.5 2>&1 | grep -v "^{'variant'" | tail -16
