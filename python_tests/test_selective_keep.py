@@ -1,10 +1,13 @@
 """Selective offload's kept projection groups ("keep_fc1": products held on the device, neither copied
 nor recomputed) and per-block policies (block_policies=): gradients bit-equal to torch's
 checkpointing, the products really spared and really not copied, and the misuses named."""
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_offload
@@ -78,25 +81,45 @@ def test_block_policies_give_each_block_its_policy():
     handle.remove()
 
 
-def test_kept_product_modified_in_place_is_detected():
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.mlp = nn.Module()
-            self.mlp.up_proj = nn.Linear(8, 8)
+class _UpBlock(nn.Module):
+    """Attention, then an up projection whose product a "keep_fc1" policy keeps; `modify` changes
+    that product in place after its use."""
 
-        def forward(self, x):
-            x = F.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None])[0, 0]
-            up = self.mlp.up_proj(x)
-            out = up.exp()
+    def __init__(self, modify=False):
+        super().__init__()
+        self.mlp = nn.Module()
+        self.mlp.up_proj = nn.Linear(8, 8)
+        self.modify = modify
+
+    def forward(self, x):
+        q = x.reshape(1, 1, -1, 8)
+        x = F.scaled_dot_product_attention(q, q, q).reshape(x.shape)
+        up = self.mlp.up_proj(x)
+        out = up.exp()
+        if self.modify:
             up.mul_(2)  # after it was kept
-            return out
+        return out
 
-    block = Block()
-    out = torch_offload.selective_checkpoint(block, torch.randn(4, 8, requires_grad=True),
+
+@pytest.mark.parametrize("shape", [(4, 8), (2, 4, 8)])  # 3-D: the caller gets a view of the kept product
+def test_kept_product_modified_in_place_is_detected(shape):
+    out = torch_offload.selective_checkpoint(_UpBlock(modify=True), torch.randn(*shape, requires_grad=True),
                                              policy="attention+keep_fc1", min_bytes=0)
     with pytest.raises(RuntimeError, match="modified in place after it was kept"):
         out.sum().backward()
+
+
+def test_kept_products_of_a_forward_never_backpropagated_are_freed():
+    block = _UpBlock()
+    products = []  # the product's storage, held weakly
+    block.mlp.up_proj.register_forward_hook(
+        lambda module, args, out: products.append(StorageWeakRef(out.untyped_storage())))
+    out = torch_offload.selective_checkpoint(block, torch.randn(2, 4, 8, requires_grad=True),
+                                             policy="attention+keep_fc1", min_bytes=0)
+    assert not products[0].expired()  # kept for the recompute
+    del out
+    gc.collect()
+    assert products[0].expired(), "the kept product outlived its graph"
 
 
 def test_kept_groups_and_block_policies_errors_name_the_case():

@@ -115,7 +115,10 @@ def _offloading_linear(input, weight, bias=None):
                 return _LINEAR.torch_fn(input, weight, bias)
         if any(weight is w for w in scope.kept_weights):
             with scope.keep_mode:
-                return _LINEAR.torch_fn(input, weight, bias)
+                out = _LINEAR.torch_fn(input, weight, bias)
+            if not scope.is_recompute:
+                scope.keep_mode.offloaded.watch(out)
+            return out
     return _LINEAR.torch_fn(input, weight, bias)
 
 

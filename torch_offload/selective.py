@@ -103,31 +103,43 @@ class _Kept(_Offloaded):
 
     def __init__(self, manager):
         super().__init__(manager, min_bytes=0)
+        self._last = None  # the _KeptTensor packed last, for watch()
 
-    # The op's own output is held (a detach() here, below autograd, would not share its version
-    # counter) and handed back as a new alias, so that the recompute's graph is not attached to it.
+    # Held: an alias without autograd history (the op's own output gets the forward's grad_fn, and
+    # holding it would close a cycle through that graph and this checkpoint that passes through C++,
+    # so a forward never backpropagated would keep it forever).
     def _pack(self, value):
         if not isinstance(value, torch.Tensor):
             return value
         _bytes_kept[0] += value.numel() * value.element_size()
-        return _KeptTensor(value, value._version)
+        self._last = _KeptTensor(value.detach())
+        return self._last
+
+    def watch(self, output: torch.Tensor) -> None:
+        """Called above autograd with what the caller got back (for a Linear on 3-D input, a view of
+        the kept product that does not share its version counter): an in-place change to it before
+        the recompute is an error there. The alias shares its version counter, not its graph."""
+        if self._last is not None:
+            self._last.watched, self._last.version = output.detach(), output._version
+            self._last = None
 
     def _unpack(self, value):
         if not isinstance(value, _KeptTensor):
             return value
-        tensor, version = value.tensor, value.version
-        if tensor._version != version:
+        watched = value.watched
+        if watched is not None and watched._version != value.version:
             raise RuntimeError("torch_offload selective offload: a product the policy keeps on the device "
                                f"(a 'keep_' projection group) was modified in place after it was kept (version "
-                               f"{version} -> {tensor._version}); keep a group whose products are not changed in place")
-        return tensor.detach()
+                               f"{value.version} -> {watched._version}); keep a group whose products are not "
+                               "changed in place")
+        return value.tensor
 
 
 class _KeptTensor:
-    __slots__ = ("tensor", "version")
+    __slots__ = ("tensor", "watched", "version")
 
-    def __init__(self, tensor, version):
-        self.tensor, self.version = tensor, version
+    def __init__(self, tensor):
+        self.tensor, self.watched, self.version = tensor, None, 0
 
 
 class _Held:
