@@ -69,3 +69,10 @@ python3 benchmarks/bench_compile.py --out $OUT/noise --seqs "" --noise-seq 4096 
 # on the GPU (its peak may exceed hidden_states' by 0.5 GB), beside hidden_states, 3 interleaved rounds.
 timeout 280 python3 benchmarks/bench_selective.py --out $OUT/r16 --seqs 16384 --rounds 3 --steps 3 --warmup 1 \
   --variants ckpt,hidden,selective,selective@0.3,selective@0.5 2>&1 | grep -v "^{'variant'" | tail -16
+
+# ---- call 10: .gpu/s11call10.sh
+# Session 11, call 10: after be9d49c (a kept product held as an alias without autograd history):
+# the CUDA cases of the kept products and auto, and auto on the Llama-3-8B shape at 8k once more.
+(cd python_tests && timeout 100 python3 -m pytest -q -rf --tb=short -p no:cacheprovider test_selective_keep.py test_auto_kept.py test_auto.py 2>&1 | tee $OUT/gpu_pytest.log | tail -4)
+timeout 200 python3 benchmarks/bench_selective.py --out $OUT/b8 --shape llama3_8b --seqs 8192 --steps 5 --warmup 1 \
+  --variants ckpt,auto/grads_in_forward 2>&1 | grep -v "^{'variant'" | tail -12
