@@ -78,8 +78,9 @@ def apply(
 
     mode="auto": the first training steps try hidden_states, the selective policies "attention" and
     "attention+qkv+out_proj", and torch's checkpointing (trial_steps=3 each) and keep the fastest whose peak
-    allocated memory fits memory_budget_gb (default: checkpointing's measured peak);
-    handle.plan / handle.explain().
+    allocated memory fits memory_budget_gb (default: checkpointing's measured peak); where the budget
+    leaves room, further trials keep saves on the GPU, leave the last blocks unchecked, or have them
+    keep their MLP's up/gate products (modes/auto.py); handle.plan / handle.explain().
 
     mode=None: no activation offloading (with layer_offloading=True: layer offloading only).
 
