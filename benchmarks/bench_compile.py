@@ -53,8 +53,9 @@ import torch_offload  # noqa: E402
 from torch.utils.checkpoint import create_selective_checkpoint_contexts  # noqa: E402
 from torch_offload import policies  # noqa: E402
 from benchmarks.peak_memory import timeline  # noqa: E402
-from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, flat_grads,  # noqa: E402
-                               new_result, release_memory, short_gpu_name, sync, table, timed_steps)
+from benchmarks.common import (GB, REFERENCE, add_run_args, apply_hf_options, build_llama,  # noqa: E402
+                               finish_run_args, flat_grads, new_result, release_memory, short_gpu_name,
+                               split_hf_options, sync, table, timed_steps)
 
 TINY = dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=256)
 
@@ -80,25 +81,9 @@ def _mark_all(gm, _inputs):
     return gm
 
 
-OPTIONS = ("_causal", "_detach")  # suffixes, in this order: VARIANT_causal_detach
-
-
-def split_options(variant):
-    """VARIANT_causal_detach -> ("VARIANT", "_causal_detach")."""
-    suffix = ""
-    for option in reversed(OPTIONS):
-        if variant.endswith(option):
-            variant, suffix = variant[:-len(option)], option + suffix
-    return variant, suffix
-
-
 def build(variant, model, min_bytes=1 << 20):
     """The model to step for `variant`, and the config patch its compile and steps run under."""
-    variant, suffix = split_options(variant)
-    if "_causal" in suffix:
-        torch_offload.sdpa_is_causal(model)
-    if "_detach" in suffix:
-        torch_offload.detach_logits(model)
+    variant = apply_hf_options(variant, model)
     ckpt = {"use_reentrant": False}
     if variant == "sac_compiled":
         ckpt["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policies.attention_save)
@@ -260,7 +245,7 @@ def summarise(config, seq, rows) -> list:
     out = []
     for variant, row in rows.items():
         # Compiled checkpointing with the variant's own options when it ran, else fewer of them.
-        suffix = split_options(variant)[1]
+        suffix = split_hf_options(variant)[1]
         refs = ["ckpt_compiled" + suffix, "ckpt_compiled_causal" if "_causal" in suffix else None, "ckpt_compiled"]
         ref_name = next((r for r in refs if r in rows and r != variant), "ckpt_compiled")
         ref = rows.get(ref_name, {})

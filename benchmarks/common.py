@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+import torch_offload
 from torch_offload.bench.common import (GB, LLAMA3_8B, REFERENCE, TINY, build_llama, gpu_name,  # noqa: F401
                                         log, new_result, pinned_bandwidth, release_memory,
                                         short_gpu_name, sync, table, timed_steps)
@@ -31,6 +32,30 @@ def finish_run_args(args, shape: dict, tiny_shape: dict = TINY, tiny_seqs: str =
         args.seqs = tiny_seqs
     args.seq_list = [int(s) for s in args.seqs.split(",") if s]  # --seqs "": none
     return args
+
+
+# Hugging Face options a compiled variant's name can end with, in this order: VARIANT_causal_detach.
+HF_OPTIONS = ("_causal", "_detach")
+
+
+def split_hf_options(variant: str):
+    """VARIANT_causal_detach -> ("VARIANT", "_causal_detach")."""
+    suffix = ""
+    for option in reversed(HF_OPTIONS):
+        if variant.endswith(option):
+            variant, suffix = variant[:-len(option)], option + suffix
+    return variant, suffix
+
+
+def apply_hf_options(variant: str, model) -> str:
+    """Turns on what `variant`'s suffixes name (_causal: torch_offload.sdpa_is_causal, no dense causal
+    mask; _detach: torch_offload.detach_logits) on `model`; returns the variant without them."""
+    variant, suffix = split_hf_options(variant)
+    if "_causal" in suffix:
+        torch_offload.sdpa_is_causal(model)
+    if "_detach" in suffix:
+        torch_offload.detach_logits(model)
+    return variant
 
 
 def flat_grads(model) -> torch.Tensor:

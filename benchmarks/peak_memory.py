@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import GB, REFERENCE, build_llama, release_memory  # noqa: E402
+from benchmarks.common import GB, REFERENCE, apply_hf_options, build_llama, release_memory  # noqa: E402
 
 _SKIP = ("/torch/", "/transformers/", "/contextlib.py", "/functools.py", "benchmarks/peak_memory.py")
 
@@ -206,12 +206,7 @@ def build_variant(variant, config, seq):
     if variant.startswith("fsdp"):
         _fsdp_group()
     model = build_llama(config, "cuda", seq)
-    if variant.endswith("_detach"):  # the logits returned detached (torch_offload.detach_logits)
-        torch_offload.detach_logits(model)
-        variant = variant[:-len("_detach")]
-    if variant.endswith("_causal"):  # without the dense causal mask (torch_offload.sdpa_is_causal)
-        torch_offload.sdpa_is_causal(model)
-        variant = variant[:-len("_causal")]
+    variant = apply_hf_options(variant, model)
     handle = None
     if variant in ("ckpt_eager", "ckpt_compiled", "fsdp_ckpt"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
