@@ -19,15 +19,20 @@ def apply_selective(model: nn.Module, blocks, manager, options: dict) -> Offload
                   MANAGER_OPTIONS + ("policy", "block_policies", "min_bytes", "use_reentrant"))
     options = dict(options)
     use_reentrant = check_use_reentrant("selective", options.pop("use_reentrant", False))
-    given = options.get("block_policies") or [options.get("policy", "attention")]
-    for policy in given if isinstance(given, (list, tuple)) else ():  # fail now, not at the first forward
-        if use_reentrant and not is_fast_policy(policy):  # raises for a bad projection group
-            raise ValueError(f"torch_offload.apply(mode='selective'): use_reentrant=True takes the named policies "
-                             f"('attention', 'attention+fc2', ...), got policy={policy!r}")
-        if not is_fast_policy(policy):
-            resolve(policy, "torch_offload.apply(mode='selective')")
+    if "policy" in options and "block_policies" in options:
+        raise ValueError("torch_offload.apply(mode='selective'): pass policy= (every block) or block_policies= "
+                         "(one per block), not both")
+    block_policies = options.pop("block_policies", None)
+    policy = options.pop("policy", "attention")
+    for named in block_policies if isinstance(block_policies, (list, tuple)) else [policy]:
+        _check_policy(named, use_reentrant)  # now, not at the first forward
     blocks = blocks_to_wrap(model, blocks)
-    block_policies = _block_policies(options, len(blocks))
+    if block_policies is None:
+        block_policies = [policy] * len(blocks)
+    elif not isinstance(block_policies, (list, tuple)) or len(block_policies) != len(blocks):
+        length = len(block_policies) if isinstance(block_policies, (list, tuple)) else type(block_policies).__name__
+        raise ValueError(f"torch_offload.apply(mode='selective'): block_policies has {length} entries for "
+                         f"{len(blocks)} blocks; give one policy per block, in the blocks' order")
     min_bytes = options.pop("min_bytes", DEFAULT_MIN_BYTES)
     # Fails now for a block without its policy's projections. Backward prefetches the next block's
     # saves, so that it never waits on their copies.
@@ -43,6 +48,15 @@ def apply_selective(model: nn.Module, blocks, manager, options: dict) -> Offload
     return handle
 
 
+def _check_policy(policy, use_reentrant: bool) -> None:
+    fast = is_fast_policy(policy)  # raises for a bad projection group
+    if use_reentrant and not fast:
+        raise ValueError(f"torch_offload.apply(mode='selective'): use_reentrant=True takes the named policies "
+                         f"('attention', 'attention+fc2', ...), got policy={policy!r}")
+    if not fast:
+        resolve(policy, "torch_offload.apply(mode='selective')")
+
+
 class _SelectiveForward(BlockForward):
     def __init__(self, block: nn.Module, manager, policy, min_bytes: int, use_reentrant: bool = False):
         super().__init__(block)
@@ -55,18 +69,3 @@ class _SelectiveForward(BlockForward):
                                         use_reentrant=self.use_reentrant, **kwargs)
         return self.run(*args, **kwargs)
 
-
-def _block_policies(options: dict, n_blocks: int) -> list:
-    """One policy per block: `policy` for every block (default "attention"), or `block_policies`, a
-    list in the blocks' order (e.g. the last blocks keeping more on the device)."""
-    if "block_policies" not in options:
-        return [options.pop("policy", "attention")] * n_blocks
-    if "policy" in options:
-        raise ValueError("torch_offload.apply(mode='selective'): pass policy= (every block) or block_policies= "
-                         "(one per block), not both")
-    block_policies = options.pop("block_policies")
-    if not isinstance(block_policies, (list, tuple)) or len(block_policies) != n_blocks:
-        length = len(block_policies) if isinstance(block_policies, (list, tuple)) else type(block_policies).__name__
-        raise ValueError(f"torch_offload.apply(mode='selective'): block_policies has {length} entries for "
-                         f"{n_blocks} blocks; give one policy per block, in the blocks' order")
-    return list(block_policies)
