@@ -137,7 +137,7 @@ def projection_groups(policy):
     head, *groups = _ALIASES.get(policy, policy).split("+")
     if head != "attention" or (policy != "attention" and not groups):
         return None
-    bases = [g[len(KEEP):] if g.startswith(KEEP) else g for g in groups]
+    bases = [_base_group(g) for g in groups]
     unknown = [g for g in bases if g not in PROJECTION_GROUPS]
     if unknown or len(set(bases)) != len(bases):
         raise ValueError(f"torch_offload selective policy={policy!r}: after 'attention', join with '+' distinct "
@@ -146,11 +146,16 @@ def projection_groups(policy):
     return tuple(groups)
 
 
+def _base_group(group: str) -> str:
+    """The module preset a group names: "keep_fc1" -> "fc1"."""
+    return group[len(KEEP):] if group.startswith(KEEP) else group
+
+
 def split_kept(groups) -> tuple:
     """(offloaded groups, kept groups without their prefix) of projection_groups' answer."""
     groups = groups or ()
     return (tuple(g for g in groups if not g.startswith(KEEP)),
-            tuple(g[len(KEEP):] for g in groups if g.startswith(KEEP)))
+            tuple(_base_group(g) for g in groups if g.startswith(KEEP)))
 
 
 def is_fast_policy(policy) -> bool:
@@ -162,7 +167,7 @@ def projection_weights(block: nn.Module, groups=("qkv",)) -> tuple:
     swaps a module's parameters between sharded and unsharded ones)."""
     found = _projections.setdefault(block, {})
     weights = []
-    for group in (g[len(KEEP):] if g.startswith(KEEP) else g for g in groups):
+    for group in map(_base_group, groups):
         modules = found.get(group)
         if modules is None:
             try:

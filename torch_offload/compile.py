@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from . import hf_causal_mask, hf_logits, policies
-from .attention_offload import is_fast_policy, projection_groups
+from .attention_offload import projection_groups
 from .compile_partitioner import OffloadPartitioner
 from .compile_policies import projection_policy
 from .manager import OffloadManager
@@ -88,7 +88,7 @@ def _policy(model, mode: str, policy, blocks):
     """(the selective policy function or None, the saves per block that backward prefetches)."""
     if mode != "selective":
         return None, 1
-    if is_fast_policy(policy) and projection_groups(policy):
+    if projection_groups(policy):  # a name with projection groups (None for anything else)
         from .blocks import find_blocks
 
         return projection_policy(policy, list(blocks) if blocks is not None else find_blocks(model),

@@ -227,7 +227,7 @@ class AutoHandle(OffloadHandle):
                  "|---|---|---|---|---|---|---|---|---|---|"]
         for row in self.plan:
             lines.append(f"| {row['candidate']} | {gb(row['keep_on_device_GB'])} | {row['tail_blocks']} | "
-                         f"{row.get('kept_mlp_blocks', 0)} | "
+                         f"{row['kept_mlp_blocks']} | "
                          f"{row['step_s']:.4f} | {gb(row.get('predicted_peak_GB'))} | {gb(row.get('early_peak_GB'))} | "
                          f"{gb(row.get('peak_allocated_GB'))} | {row['within_budget']} | {row['chosen']} |")
         return "\n".join(lines) + "\n"
@@ -333,7 +333,6 @@ class AutoHandle(OffloadHandle):
         device_gb = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GB
         trial = next_tail_trial(self.plan, self.budget_gb, len(self._blocks), device_gb)
         return trial + (0,) if trial is not None else None
-
 
     def _plan_keep_trials(self) -> None:
         """Queues trials of the fastest fitting offloading candidates (those within KEEP_TRY_WITHIN
