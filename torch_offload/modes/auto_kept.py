@@ -17,7 +17,7 @@ measured (selective.bytes_kept) and the room or the excess measured, as the unch
 import math
 from typing import List, Optional, Tuple
 
-from ..attention_offload import projection_groups, projection_weights
+from ..attention_offload import projection_groups, projection_weights, split_kept
 from .auto_tail import TAIL_MARGIN, block_input_gb
 
 KEPT_GROUP = "keep_fc1"
@@ -29,9 +29,10 @@ def kept_policy(candidate: str) -> Optional[str]:
     """The candidate's policy keeping its MLP's up/gate products, or None where it has no named
     policy or already moves or keeps them."""
     kind, _, policy = candidate.partition(":")
-    if kind != "selective" or not policy.startswith("attention") or "fc1" in policy:
+    groups = projection_groups(policy) if kind == "selective" else None  # aliases written out
+    if groups is None or "fc1" in sum(split_kept(groups), ()):
         return None
-    return ("attention+qkv" if policy == "attention_qkv" else policy) + "+" + KEPT_GROUP
+    return "+".join(("attention",) + groups + (KEPT_GROUP,))
 
 
 def can_keep_mlp(blocks, candidate: str) -> bool:
