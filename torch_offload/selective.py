@@ -98,8 +98,8 @@ def bytes_kept() -> int:
 
 
 class _Kept(_Offloaded):
-    """The outputs a policy keeps on the device ("keep_<group>" projection groups): the tensors
-    themselves, handed back in the recompute unless something modified them in place meanwhile."""
+    """The outputs a policy keeps on the device ("keep_<group>" projection groups): aliases of them,
+    no copy, handed back in the recompute unless something modified them in place meanwhile."""
 
     def __init__(self, manager):
         super().__init__(manager, min_bytes=0)
