@@ -57,5 +57,8 @@ def test_projections_that_share_a_shape_with_another_linear_are_refused():
     with pytest.raises(ValueError, match=r"recognised by its weight's shape.*self_attn.o_proj \(64, 64\)"):
         torch_offload.compile(_tiny_llama("cpu", dropout=0.0), "selective", policy="attention+qkv",
                               backend="aot_eager")
+    with pytest.raises(ValueError, match=r"an offloaded and a kept group share the shape \(64, 64\)"):
+        torch_offload.compile(_tiny_llama("cpu", dropout=0.0), "selective", policy="attention+qkv+keep_out_proj",
+                              backend="aot_eager")
     with pytest.raises(ValueError, match="has no Linear modules in module preset 'qkv'"):
         torch_offload.compile(nn.Linear(2, 2), "selective", policy="attention_qkv", blocks=[nn.Linear(2, 2)])

@@ -8,13 +8,14 @@ attached. The policy here recognises a projection by that operand's shape instea
 matrix products whose weight has the shape of a group's Linear are offloaded (or kept, for
 "keep_<group>"), the fused attention outputs as under "attention", everything else recomputed. A
 Linear of the blocks outside the groups with one of those shapes would be taken for a projection,
-so such a policy is refused with the shapes named (pass a policy function instead).
+so such a policy is refused with the shapes named (pass a policy function instead), as is an
+offloaded and a kept group whose weights share a shape.
 """
 import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy
 
-from .attention_offload import projection_groups, projection_weights, split_kept
+from .attention_offload import projection_groups, projection_weights, saves_per_block, split_kept
 from .policies import ATTENTION_OPS, SAVES_PER_BLOCK
 
 _MM = torch.ops.aten.mm.default
@@ -29,7 +30,10 @@ def projection_policy(policy: str, blocks, caller: str):
     for decision, groups in ((CheckpointPolicy.MUST_CPU_OFFLOAD, offloaded), (CheckpointPolicy.MUST_SAVE, kept)):
         for block in blocks:
             for weight in projection_weights(block, groups):  # raises for a group a block lacks
-                shapes[tuple(weight.shape)] = decision
+                if shapes.setdefault(tuple(weight.shape), decision) != decision:
+                    raise ValueError(f"{caller}: policy={policy!r}: in compiled graphs a projection is recognised "
+                                     f"by its weight's shape, and an offloaded and a kept group share the shape "
+                                     f"{tuple(weight.shape)}; offload or keep both")
                 group_weights.add(id(weight))
     clashes = sorted({f"{name} {tuple(m.weight.shape)}" for block in blocks for name, m in block.named_modules()
                       if isinstance(m, nn.Linear) and id(m.weight) not in group_weights
@@ -38,7 +42,6 @@ def projection_policy(policy: str, blocks, caller: str):
         raise ValueError(f"{caller}: policy={policy!r}: in compiled graphs a projection is recognised by its "
                          f"weight's shape, and Linear modules outside the policy's groups have those shapes "
                          f"({', '.join(clashes)}); add their group to the policy or pass a policy function")
-    per_block = max(len(projection_weights(block, offloaded)) for block in blocks) if blocks else 0
 
     def decide(ctx, op, *args, **kwargs):
         if op in ATTENTION_OPS:
@@ -51,4 +54,4 @@ def projection_policy(policy: str, blocks, caller: str):
                 return shapes.get((shape[1], shape[0]), CheckpointPolicy.PREFER_RECOMPUTE)
         return CheckpointPolicy.PREFER_RECOMPUTE
 
-    return decide, SAVES_PER_BLOCK + per_block
+    return decide, max((saves_per_block(policy, block) for block in blocks), default=SAVES_PER_BLOCK)
