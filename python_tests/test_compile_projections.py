@@ -19,6 +19,10 @@ def _compiled(policy, base):
                                  fullgraph=True, backend="aot_eager")
 
 
+def _backward_matmuls(compiled) -> int:
+    return sum(t in _MATMULS for t in _targets(compiled.offload_partitioner.graphs[0][1]))
+
+
 def test_compiled_projection_groups_offload_their_products_bit_for_bit():
     base = _tiny_llama("cpu", dropout=0.0)
     eager = copy.deepcopy(base)
@@ -33,8 +37,7 @@ def test_compiled_projection_groups_offload_their_products_bit_for_bit():
     assert len(projections.offload_partitioner.offloaded[0]) == 3 * 6
     assert len(attention.offload_partitioner.offloaded[0]) == 3 * 2
     # The backward graph computes 4 fewer products per layer than under "attention".
-    matmuls = [sum(t in _MATMULS for t in _targets(c.offload_partitioner.graphs[0][1])) for c in (attention, projections)]
-    assert matmuls[0] - matmuls[1] == 3 * 4
+    assert _backward_matmuls(attention) - _backward_matmuls(projections) == 3 * 4
 
 
 def test_compiled_kept_group_keeps_its_products_on_the_device():
@@ -44,12 +47,10 @@ def test_compiled_kept_group_keeps_its_products_on_the_device():
     kept = _compiled("attention+keep_fc1", base)
     _two_steps_bit_equal(eager, kept, "cpu")
     attention = _compiled("attention", base)
-    _grads_once = lambda m: _two_steps_bit_equal(eager, m, "cpu")  # noqa: E731
-    _grads_once(attention)
+    _two_steps_bit_equal(eager, attention, "cpu")
     # The same values offloaded as under "attention"; the up/gate products are not recomputed.
     assert len(kept.offload_partitioner.offloaded[0]) == len(attention.offload_partitioner.offloaded[0])
-    matmuls = [sum(t in _MATMULS for t in _targets(c.offload_partitioner.graphs[0][1])) for c in (attention, kept)]
-    assert matmuls[0] - matmuls[1] == 3 * 2
+    assert _backward_matmuls(attention) - _backward_matmuls(kept) == 3 * 2
 
 
 def test_projections_that_share_a_shape_with_another_linear_are_refused():
