@@ -57,6 +57,7 @@ Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> tr
                                      : DirectIo::kNever);
     save_tiers_.push_back(disk_.get());
   }
+  regions_ = std::make_unique<SavedRegions>(*this, default_backward_scope());
 }
 
 Manager::~Manager() { unregister_manager(id_); }
@@ -308,6 +309,7 @@ OffloadStats Manager::stats() {
   }
   host_->add_stats(s);
   if (disk_) disk_->add_stats(s);
+  regions_->add_stats(s);
   s.in_flight_peak = releaser_.in_flight_peak();
   s.compute_wait_ms = transfer_ ? transfer_->compute_wait_ms() : 0.0;
   return s;
@@ -315,6 +317,7 @@ OffloadStats Manager::stats() {
 
 void Manager::reset_stats() {
   host_->reset_stats();
+  regions_->reset_stats();
   if (disk_) disk_->reset_stats();
   releaser_.reset_peak();
   if (transfer_) transfer_->reset_compute_wait();

@@ -21,6 +21,7 @@
 #include "host_tier.h"
 #include "manager_config.h"
 #include "offload_stats.h"
+#include "saved_regions.h"
 #include "source_slot.h"
 
 namespace torch_offload {
@@ -55,6 +56,9 @@ class Manager : public std::enable_shared_from_this<Manager> {
   void finish_save(const at::Tensor& handle);
   // finish_save for every handle whose source is still held.
   void finish_all_saves();
+
+  // The table that deduplicates the saves of the save hooks (offload_pack / offload_unpack).
+  SavedRegions& saved_regions() { return *regions_; }
 
   OffloadStats stats();
   void reset_stats();
@@ -184,6 +188,8 @@ class Manager : public std::enable_shared_from_this<Manager> {
   std::atomic<int64_t> keep_limit_{
       0};                  // the window's size: config's, then set_keep_on_device_bytes
   OffloadStats counters_;  // the event counters part of the stats
+
+  std::unique_ptr<SavedRegions> regions_;  // uses save / restore above
 
   // Filled by the releaser's payloads: declared before it, so alive while it drains.
   FinishedSources finished_sources_;

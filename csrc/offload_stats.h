@@ -35,6 +35,14 @@ struct OffloadStats {
   int64_t restores_kept_on_device = 0;
   int64_t bytes_kept_on_device = 0;
   int64_t window_bytes = 0;
+  // The save hooks' deduplicated saves (offload_pack, saved_regions.h): saves packed, of them
+  // offloaded and shared with an earlier save's copy, their bytes, and the distinct bytes they
+  // cover.
+  int64_t saved_tensors = 0;
+  int64_t offloaded_saves = 0;
+  int64_t shared_saves = 0;
+  int64_t saved_bytes = 0;
+  int64_t distinct_bytes_saved = 0;
   bool pinned = false;
   double compute_wait_ms = 0.0;   // compute stream stalled waiting for copies
   double host_wait_ms = 0.0;      // host thread blocked by the in-flight bound
@@ -66,6 +74,11 @@ struct OffloadStats {
             {"restores_kept_on_device", double(restores_kept_on_device)},
             {"bytes_kept_on_device", double(bytes_kept_on_device)},
             {"window_bytes", double(window_bytes)},
+            {"saved_tensors", double(saved_tensors)},
+            {"offloaded_saves", double(offloaded_saves)},
+            {"shared_saves", double(shared_saves)},
+            {"saved_bytes", double(saved_bytes)},
+            {"distinct_bytes_saved", double(distinct_bytes_saved)},
             {"pinned", pinned ? 1.0 : 0.0},
             {"compute_wait_ms", compute_wait_ms},
             {"host_wait_ms", host_wait_ms},

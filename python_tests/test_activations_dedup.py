@@ -1,4 +1,4 @@
-"""Deduplicated saves (saved_regions.py): a storage region saved several times, or through several
+"""Deduplicated saves (csrc/saved_regions.h, through saved_regions.py): a storage region saved several times, or through several
 views, is copied once; every save comes back with its own layout and dtype; in-place changes and
 reused addresses are never confused with the saved data. Gradients are compared bit for bit with
 plain autograd."""
@@ -68,6 +68,22 @@ def test_overlapping_views_copy_the_union(device):
     assert stats["saves"] == 2 and stats["shared_saves"] == 1
     assert stats["bytes_to_host"] == (5 + 7) * row
     assert stats["distinct_bytes_saved"] == 7 * row
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_contiguous_slice_over_half_the_storage_then_the_rest(device):
+    # The first slice is contiguous and covers most of its storage, so its copy is widened to the
+    # whole storage; the second slice must find its own rows there. (The Python table of sessions
+    # 2-11 copied only the first slice's rows while recording the whole range, and the second save
+    # read bytes past them: gradients off by 1e17.)
+    def fn(a, w):
+        h = a * 2
+        return (h[:300] @ w).sum() + (h[300:] @ w).sum()  # each matmul saves its slice
+
+    a = torch.randn(400, 16, device=device, requires_grad=True)
+    w = torch.randn(16, 16, device=device, requires_grad=True)
+    stats = _grads_match(fn, [a, w])
+    assert stats["offloaded_saves"] == 2 and stats["distinct_bytes_saved"] == 400 * 16 * 4
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -319,12 +335,8 @@ def test_restored_copy_is_dropped_after_its_last_save_is_unpacked():
             h = torch.tanh(layer(h)) * h  # h is saved twice (by the linear and by the mul)
         loss = h.sum()
 
-    def copies_holding_a_restore():
-        return sum(1 for entry in hooks.regions._storages.values() for ref in entry.copies
-                   if ref() is not None and ref()._restored is not None)
-
     # Fires once backward reaches the first layer's output: every later layer is done by then.
-    inputs[1].register_hook(lambda g: held.append(copies_holding_a_restore()))
+    inputs[1].register_hook(lambda g: held.append(hooks.regions.held_restores()))
     loss.backward()
     assert held == [0], f"{held[0]} restored copies still held mid-backward"
     assert hooks.stats()["restores"] == hooks.stats()["saves"]

@@ -7,6 +7,10 @@ TORCH_LIBRARY(offload, m) {
   // Functional ops returning tensors, so that neither TorchScript nor torch.compile drops them.
   m.def("offload_save(Tensor x, int manager) -> Tensor");
   m.def("offload_restore(Tensor handle, Device device, int manager) -> Tensor");
+  // The save hooks' deduplicated saves (csrc/saved_regions.h): offload_pack returns a host "save
+  // handle" viewing the copy that holds t's elements; offload_unpack returns t again on `device`.
+  m.def("offload_pack(Tensor t, int manager) -> Tensor");
+  m.def("offload_unpack(Tensor save, Device device, int manager) -> Tensor");
 
   using torch_offload::OffloadManager;
   m.class_<OffloadManager>("OffloadManager")
@@ -25,6 +29,7 @@ TORCH_LIBRARY(offload, m) {
       .def("finish_save", &OffloadManager::finish_save)
       .def("prefetch", &OffloadManager::prefetch)
       .def("empty_pool", &OffloadManager::empty_pool)
+      .def("saved_region_counts", &OffloadManager::saved_region_counts)
       .def("max_in_flight", &OffloadManager::max_in_flight)
       .def("prefetch_depth", &OffloadManager::prefetch_depth)
       .def("host_budget_bytes", &OffloadManager::host_budget_bytes)

@@ -34,6 +34,15 @@ class OffloadManager : public torch::CustomClassHolder {
     manager_->prefetch(handle, device);
   }
   void empty_pool() { manager_->empty_pool(); }
+  // The deduplicated saves' table (offload_pack), for tests and diagnostics: source storages with
+  // a live copy, and copies holding a restored device tensor.
+  c10::Dict<std::string, int64_t> saved_region_counts() {
+    c10::Dict<std::string, int64_t> counts;
+    auto& regions = manager_->saved_regions();
+    counts.insert("storages", regions.live_storages());
+    counts.insert("held_restores", regions.held_restores());
+    return counts;
+  }
   int64_t max_in_flight() const { return manager_->config().max_in_flight; }
   int64_t prefetch_depth() const { return manager_->config().prefetch_depth; }
   int64_t host_budget_bytes() const { return manager_->config().host_budget_bytes; }

@@ -61,6 +61,10 @@ for _key in _UNSUPPORTED_KEYS:
 # also apply in TorchScript run from C++ and in libtorch programs.
 
 offload_save = torch.ops.offload.offload_save
+# The save hooks' deduplicated saves (csrc/saved_regions.h); the overloads themselves, called once
+# per saved tensor, skip the packet's overload lookup.
+offload_pack = torch.ops.offload.offload_pack.default
+offload_unpack = torch.ops.offload.offload_unpack.default
 _restore_op = torch.ops.offload.offload_restore
 
 

@@ -9,7 +9,7 @@ are removed as soon as autograd releases them, and in any case when the manager 
 In "all" mode, a `disk_dir` together with `host_budget_bytes` makes tensors that would exceed the
 budget spill to disk instead of failing.
 In every mode a storage region saved several times (a linear's input for q/k/v, a tensor and its
-transpose) is copied once and restored once per backward (saved_regions.py).
+transpose) is copied once and restored once per backward (csrc/saved_regions.h).
 """
 import copy
 import os
@@ -30,7 +30,7 @@ from .empty_steps import StepCounts
 from .manager import OffloadManager, register_stats_source
 from .manager import reset_stats as manager_reset_stats
 from .manager import stats as manager_stats
-from .saved_regions import SavedRegions, SaveCounters, SharedSave, compact_layout, rebuild_layout
+from .saved_regions import SavedRegions, SavedView, SaveCounters, compact_layout, rebuild_layout
 
 MODE_ALIASES = {"all": "all", "true": "all", "sync": "sync", "legacy": "sync", "disk": "disk"}
 DEFAULT_DISK_DIR = os.path.join(tempfile.gettempdir(), "torch_offload")
@@ -168,9 +168,10 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         # Storages that stay resident whatever views of them autograd saves (model weights, buffers).
         kept = kept_storages(keep)
 
-        # Saves of one storage region share one copy (saved_regions.py); counters for stats().
+        # Saves of one storage region share one copy (the engine's table, saved_regions.py); the
+        # engine counts those saves, these counters the others, for stats().
         self.counters = SaveCounters()
-        self.regions = regions = SavedRegions(manager_id, self.counters)
+        self.regions = regions = SavedRegions(manager)
         register_stats_source(manager, self.counters)
         counters = self.counters
 
@@ -233,7 +234,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
                 return packed
             if isinstance(packed, weight_tokens.WeightToken):
                 return packed.unpack()
-            if isinstance(packed, SharedSave):
+            if isinstance(packed, SavedView):
                 restored = packed.unpack(manager_id)
             else:
                 restored = _rebuild(offload_restore(packed.handle, packed.device, manager_id), packed)

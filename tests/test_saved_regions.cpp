@@ -1,0 +1,167 @@
+// SavedRegions (csrc/saved_regions.h), the deduplicated saves behind offload_pack / offload_unpack,
+// on a Manager of CPU tensors driven through the fake asynchronous transfer, with a fake backward
+// scope: views of one storage share one copy and come back with their own layout; a copy is
+// restored once per backward and dropped after its last unpack or when the backward ends; in-place
+// changes are errors; nothing outlives the save handles.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "csrc/saved_regions.h"
+#include "manager_fixture.h"
+
+namespace torch_offload {
+namespace {
+
+class SavedRegionsTest : public ManagerTest {
+ protected:
+  void SetUp() override {
+    make(make_config(8, 1, 0));
+    regions_ = std::make_unique<SavedRegions>(
+        *manager_, BackwardScope{[this] { return task_; },
+                                 [this](std::function<void()> f) { at_end_.push_back(f); }});
+  }
+  void TearDown() override {
+    regions_.reset();
+    ManagerTest::TearDown();
+  }
+  at::Tensor unpack(const at::Tensor& save) { return regions_->unpack(save, kCPU); }
+  OffloadStats region_stats() const {
+    OffloadStats s;
+    regions_->add_stats(s);
+    return s;
+  }
+  void end_backward() {
+    for (auto& f : at_end_) f();
+    at_end_.clear();
+    task_ = -1;
+  }
+
+  int64_t task_ = -1;
+  std::vector<std::function<void()>> at_end_;
+  std::unique_ptr<SavedRegions> regions_;
+};
+
+void expect_same_view(const at::Tensor& got, const at::Tensor& expected) {
+  EXPECT_EQ(got.sizes(), expected.sizes());
+  EXPECT_EQ(got.strides(), expected.strides());
+  EXPECT_EQ(got.scalar_type(), expected.scalar_type());
+  EXPECT_TRUE(at::equal(got, expected));
+}
+
+TEST_F(SavedRegionsTest, ATensorAndItsTransposeShareOneCopy) {
+  const at::Tensor h = make_tensor({8, 6}, at::kFloat);
+  const at::Tensor s1 = regions_->pack(h);
+  const at::Tensor s2 = regions_->pack(h.t());
+  EXPECT_EQ(stats().saves, 1);
+  EXPECT_EQ(region_stats().saved_tensors, 2);
+  EXPECT_EQ(region_stats().shared_saves, 1);
+  EXPECT_EQ(region_stats().distinct_bytes_saved, h.nbytes());
+  expect_same_view(unpack(s1), h);
+  expect_same_view(unpack(s2), h.t());
+}
+
+TEST_F(SavedRegionsTest, AContiguousSliceOverHalfTheStorageThenTheRest) {
+  // The first copy is widened to the whole storage: the second slice finds its rows there.
+  const at::Tensor h = make_tensor({400, 16}, at::kFloat);
+  const at::Tensor a = regions_->pack(h.slice(0, 0, 300));
+  const at::Tensor b = regions_->pack(h.slice(0, 300, 400));
+  EXPECT_EQ(stats().bytes_to_host, h.nbytes());
+  expect_same_view(unpack(a), h.slice(0, 0, 300));
+  expect_same_view(unpack(b), h.slice(0, 300, 400));
+}
+
+TEST_F(SavedRegionsTest, SparseAndBroadcastViewsAreCopiedCompacted) {
+  const at::Tensor h = make_tensor({16, 32}, at::kFloat);
+  const at::Tensor every_fourth = h.slice(1, 0, 32, 4);
+  const at::Tensor row = make_tensor({1, 32}, at::kFloat, 1);
+  const at::Tensor expanded = row.expand({64, 32});
+  const at::Tensor s1 = regions_->pack(every_fourth);
+  const at::Tensor s2 = regions_->pack(expanded);
+  EXPECT_EQ(stats().bytes_to_host, every_fourth.numel() * 4 + row.nbytes());
+  // A gapped view comes back compact (its gaps were never copied), a broadcast one as it was.
+  EXPECT_TRUE(at::equal(unpack(s1), every_fourth));
+  expect_same_view(unpack(s2), expanded);
+}
+
+TEST_F(SavedRegionsTest, ViewsAcrossDtypesComeBackInTheirOwnDtype) {
+  const at::Tensor h = make_tensor({64}, at::kFloat);
+  const at::Tensor as_ints = h.view(at::kInt).slice(0, 8, 40);
+  const at::Tensor s1 = regions_->pack(h);
+  const at::Tensor s2 = regions_->pack(as_ints);  // a view family of its own (autograd's _base)
+  expect_same_view(unpack(s2), as_ints);
+  expect_same_view(unpack(s1), h);
+}
+
+TEST_F(SavedRegionsTest, OneRestorePerBackwardDroppedAfterTheLastUnpack) {
+  const at::Tensor h = make_tensor({32, 8}, at::kFloat);
+  const at::Tensor s1 = regions_->pack(h);
+  const at::Tensor s2 = regions_->pack(h.t());
+  task_ = 7;
+  const at::Tensor r1 = unpack(s1);
+  EXPECT_EQ(regions_->held_restores(), 1);
+  const at::Tensor r2 = unpack(s2);
+  EXPECT_EQ(regions_->held_restores(), 0) << "held after its last save was unpacked";
+  EXPECT_EQ(stats().restores, 1);
+  EXPECT_EQ(r1.data_ptr(), r2.data_ptr());
+  end_backward();
+  // Outside a backward every unpack restores.
+  unpack(s1);
+  unpack(s1);
+  EXPECT_EQ(stats().restores, 3);
+}
+
+TEST_F(SavedRegionsTest, TheBackwardsEndDropsWhatItsUnpacksDidNotUseUp) {
+  const at::Tensor h = make_tensor({32, 8}, at::kFloat);
+  const at::Tensor s1 = regions_->pack(h);
+  const at::Tensor s2 = regions_->pack(h.t());  // never unpacked in this backward
+  task_ = 3;
+  unpack(s1);
+  EXPECT_EQ(regions_->held_restores(), 1);
+  end_backward();
+  EXPECT_EQ(regions_->held_restores(), 0);
+}
+
+TEST_F(SavedRegionsTest, AnInPlaceChangeAfterTheSaveIsAnError) {
+  at::Tensor h = make_tensor({16}, at::kFloat);
+  const at::Tensor s = regions_->pack(h);
+  h.add_(1);
+  const std::string error = error_of([&] { unpack(s); });
+  EXPECT_NE(error.find("modified in place after it was saved"), std::string::npos) << error;
+}
+
+TEST_F(SavedRegionsTest, AChangeBetweenTwoSavesCopiesAgain) {
+  at::Tensor h = make_tensor({16}, at::kFloat);
+  const at::Tensor s1 = regions_->pack(h);
+  h.mul_(2);
+  const at::Tensor s2 = regions_->pack(h);
+  EXPECT_EQ(stats().saves, 2);
+  EXPECT_TRUE(at::equal(unpack(s2), h));
+  // The first save's tensor was changed after it was saved: as in autograd, an error.
+  EXPECT_NE(error_of([&] { unpack(s1); }).find("modified in place"), std::string::npos);
+}
+
+TEST_F(SavedRegionsTest, NothingOutlivesTheSaveHandles) {
+  {
+    const at::Tensor h = make_tensor({128}, at::kFloat);
+    const at::Tensor s1 = regions_->pack(h.slice(0, 0, 100));
+    const at::Tensor s2 = regions_->pack(h.slice(0, 10, 20));
+    EXPECT_EQ(regions_->live_storages(), 1);
+    EXPECT_EQ(stats().live_handles, 1);
+  }
+  EXPECT_EQ(regions_->live_storages(), 0);
+  EXPECT_EQ(stats().live_handles, 0);
+}
+
+TEST_F(SavedRegionsTest, TensorsItCannotTakeAndForeignHandlesAreRefused) {
+  EXPECT_NE(error_of([&] { regions_->pack(at::empty({0})); }).find("dense strided"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { unpack(make_tensor({4}, at::kFloat)); }).find("not a save handle"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace torch_offload
