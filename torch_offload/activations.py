@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ._ops import offload_restore, offload_save
+from ._ops import offload_pack, offload_restore, offload_save, offload_unpack
 
 from . import node_budget, weight_tokens
 from .dtensors import is_dtensor as _is_dtensor
@@ -72,8 +72,12 @@ def _rebuild(restored: torch.Tensor, packed: _Packed) -> torch.Tensor:
 
 def _is_weight(t: torch.Tensor) -> bool:
     """Parameters, leaves that require grad, and views of them (autograd saves weight.t())."""
-    base = t._base if t._base is not None else t
-    return isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad)
+    base = t._base
+    if base is None:
+        base = t
+    if base.grad_fn is not None:  # an op's output, as most saved activations are: no weight
+        return False
+    return (base.is_leaf and base.requires_grad) or isinstance(base, torch.nn.Parameter)
 
 
 def resident_tensors(model: torch.nn.Module) -> list:
@@ -171,7 +175,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         # Saves of one storage region share one copy (the engine's table, saved_regions.py); the
         # engine counts those saves, these counters the others, for stats().
         self.counters = SaveCounters()
-        self.regions = regions = SavedRegions(manager)
+        self.regions = SavedRegions(manager)
         register_stats_source(manager, self.counters)
         counters = self.counters
 
@@ -180,7 +184,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
             if on_offload is not None:
                 on_offload(t)
             if SavedRegions.handles(t):
-                return regions.pack(t)
+                return SavedView(offload_pack(t, manager_id), t.device)
             # Tensor subclasses and empty tensors: one copy per save.
             source, permutation, expanded_sizes = _compact(t.detach())
             nbytes = t.numel() * t.element_size()
@@ -189,7 +193,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
 
         def pack_local(t: torch.Tensor):
             """Packed object for an offloaded tensor, or t itself where it stays on the device."""
-            if _is_dtensor(t):
+            if type(t) is not torch.Tensor and _is_dtensor(t):
                 if _is_weight(t):
                     return t
                 local, spec = split_local(t)
@@ -230,6 +234,8 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
             return packed
 
         def unpack(packed):
+            if type(packed) is SavedView and packed.dtensor_spec is None:  # the usual case
+                return offload_unpack(packed.save, packed.device, manager_id)
             if isinstance(packed, torch.Tensor):
                 return packed
             if isinstance(packed, weight_tokens.WeightToken):

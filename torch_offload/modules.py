@@ -76,6 +76,8 @@ class ModuleOffloadHandle(NotPicklable):
 
     def _record(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
+        if storage._cdata in self._offloaded:  # its entry's weak reference pins that address
+            return
         ref = StorageWeakRef(storage)
         with self._lock:
             if ref.cdata not in self._offloaded:

@@ -10,7 +10,7 @@ import threading
 
 import torch
 
-from ._ops import offload_pack, offload_unpack
+from ._ops import offload_unpack
 
 
 def dense_permutation(t: torch.Tensor):
@@ -94,18 +94,16 @@ class SavedView:
 
 
 class SavedRegions:
-    """The manager's table of copies, seen from one set of hooks: pack() returns a SavedView."""
+    """The manager's table of copies (csrc/saved_regions.h), seen from one set of hooks: which
+    tensors it takes, and its counts for tests and diagnostics."""
 
     def __init__(self, manager):
-        self._manager, self._manager_id = manager, manager.id()
+        self._manager = manager
 
     @staticmethod
     def handles(t: torch.Tensor) -> bool:
         """Plain dense tensors with data; anything else keeps the per-save path."""
         return type(t) is torch.Tensor and t.numel() > 0 and not (t.is_conj() or t.is_neg())
-
-    def pack(self, t: torch.Tensor) -> SavedView:
-        return SavedView(offload_pack(t, self._manager_id), t.device)
 
     def live_storages(self) -> int:
         """Source storages with a live copy."""
