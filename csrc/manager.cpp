@@ -10,6 +10,7 @@
 #include "cuda_transfer.h"
 #include "fault_injection.h"
 #include "manager_registry.h"
+#include "version_check.h"
 
 namespace torch_offload {
 // "cuda" and "cuda:0" must name the same place when matching prefetched copies.
@@ -255,14 +256,8 @@ void Manager::finish_save(const at::Tensor& handle) {
 }
 
 void Manager::check_unmodified(const Entry& entry) const {
-  if (!entry.version_counter.enabled()) return;
-  const uint32_t now = entry.version_counter.current_version();
-  TORCH_CHECK(now == entry.saved_version,
-              "offload_restore: the tensor passed to offload_save was modified in place after it "
-              "was saved (its version went from ",
-              entry.saved_version, " to ", now,
-              "), so the offloaded copy is stale. Save it after the in-place operation, or clone "
-              "it before modifying it.");
+  check_version(entry.version_counter, entry.saved_version,
+                "offload_restore: the tensor passed to offload_save");
 }
 
 void Manager::on_handle_freed(const void* key) {

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "manager.h"
+#include "version_check.h"
 
 namespace torch_offload {
 namespace {
@@ -347,13 +348,7 @@ at::Tensor SavedRegions::restored_copy(const std::shared_ptr<Copy>& copy, const 
 }
 
 void SavedRegions::check_unmodified(const Copy& copy) const {
-  const uint32_t now = copy.version_counter.current_version();
-  TORCH_CHECK(now == copy.version,
-              "torch_offload: a tensor saved for backward was modified in place after it was "
-              "saved (its version went from ",
-              copy.version, " to ", now,
-              "), so the offloaded copy is stale. Save it after the in-place operation, or clone "
-              "it before modifying it.");
+  check_version(copy.version_counter, copy.version, "torch_offload: a tensor saved for backward");
 }
 
 void SavedRegions::sweep_locked() {

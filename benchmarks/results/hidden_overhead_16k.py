@@ -14,7 +14,6 @@ python3 benchmarks/results/hidden_overhead_16k.py [SEQ] [ROUNDS]"""
 import json
 import statistics
 import sys
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -22,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, ".")
 import torch_offload  # noqa: E402
-from benchmarks.common import REFERENCE, build_llama  # noqa: E402
+from benchmarks.common import REFERENCE, build_llama, timed_steps  # noqa: E402
 
 seq = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 4
@@ -65,14 +64,7 @@ def step():
 
 
 def timed(n):
-    times = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return times
+    return timed_steps(step, n, seq, "cuda")["times_s"]
 
 
 times = {v: [] for v in VARIANTS}
@@ -102,10 +94,7 @@ for name, enable in VARIANTS.items():
     step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t
+        wall = timed(1)[0]
     undo()
     per_kernel, calls = {}, {}
     for e in prof.key_averages():

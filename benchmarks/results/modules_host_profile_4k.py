@@ -7,16 +7,14 @@ python3 benchmarks/results/modules_host_profile_4k.py [SEQ]"""
 import cProfile
 import io
 import pstats
-import statistics
 import sys
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, ".")
 import torch_offload  # noqa: E402
-from benchmarks.common import REFERENCE, build_llama  # noqa: E402
+from benchmarks.common import REFERENCE, build_llama, timed_steps  # noqa: E402
 
 seq = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
 model = build_llama(REFERENCE, "cuda", seq)
@@ -29,14 +27,7 @@ def step():
 
 
 def median_step(n=7):
-    times = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return timed_steps(step, n, seq, "cuda")["step_s"]
 
 
 for _ in range(2):
