@@ -6,8 +6,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "csrc/saved_regions.h"
@@ -154,6 +156,32 @@ TEST_F(SavedRegionsTest, NothingOutlivesTheSaveHandles) {
   }
   EXPECT_EQ(regions_->live_storages(), 0);
   EXPECT_EQ(stats().live_handles, 0);
+}
+
+TEST_F(SavedRegionsTest, ConcurrentPacksAndUnpacksAllGetTheirData) {
+  // Backward unpacks on the autograd engine's threads (one per device) while a forward may pack.
+  const at::Tensor h = make_tensor({64, 64}, at::kFloat);
+  constexpr int kThreads = 8;
+  std::vector<at::Tensor> saves(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] { saves[i] = regions_->pack(h.slice(0, i * 8, i * 8 + 8)); });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  task_ = 11;
+  std::atomic<int> wrong{0};
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      for (int repeat = 0; repeat < 20; ++repeat) {
+        if (!at::equal(unpack(saves[i]), h.slice(0, i * 8, i * 8 + 8))) wrong++;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  end_backward();
+  EXPECT_EQ(regions_->held_restores(), 0);
 }
 
 TEST_F(SavedRegionsTest, TensorsItCannotTakeAndForeignHandlesAreRefused) {
