@@ -45,3 +45,10 @@ wait
 timeout 120 python3 benchmarks/bench_modules.py --out $OUT/mod --seqs 4096,16384 --steps 5 --rounds 3 2>&1 | grep -E "^\| (4096|16384)" | head -6
 export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$LD_LIBRARY_PATH
 timeout 150 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest_h100_session12.log 2>&1; echo "gtest rc=$?"; tail -4 $OUT/gtest_h100_session12.log
+
+# ---- call 7: .gpu/s12call7.sh
+# Session 12, call 7: modules `*.self_attn` at 4k / 16k in 5 interleaved rounds on the final build
+# (issue 13); auto with use_reentrant=True and the kept trials on the Llama-3-8B shape (issue 10).
+timeout 170 python3 benchmarks/bench_modules.py --out $OUT/mod --seqs 4096,16384 --steps 5 --rounds 5 2>&1 | grep -E "^\| (4096|16384)" | head -6
+timeout 390 python3 benchmarks/bench_selective.py --out $OUT/b8 --shape llama3_8b --seqs 8192 --steps 3 --warmup 1 \
+  --variants ckpt,ckpt_re,auto_re/grads_in_forward 2>&1 | grep -v "^{'variant'" | tail -12
