@@ -261,6 +261,7 @@ void Manager::check_unmodified(const Entry& entry) const {
 }
 
 void Manager::on_handle_freed(const void* key) {
+  regions_->on_handle_freed(key);
   FencePtr last;
   at::Tensor prefetched;
   at::Tensor kept;  // dropped after the lock: a drop may run Python code (source_slot.h)

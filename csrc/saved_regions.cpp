@@ -177,7 +177,7 @@ at::Tensor SavedRegions::pack(const at::Tensor& t) {
           t.storage().getWeakStorageImpl(), static_cast<int64_t>(t.storage().nbytes()), {}, {}};
     if (!reused) {
       source.copies.push_back(copy);
-      copies_by_handle_[handle_storage.get()] = copy;
+      copies_by_handle_[handle_storage->data_ptr().get_context()] = copy;
     }
     copy->saves++;
     counters_.saved_tensors++;
@@ -288,7 +288,7 @@ at::Tensor SavedRegions::unpack(const at::Tensor& save, c10::Device device) {
   std::shared_ptr<Copy> copy;
   {
     std::lock_guard<std::mutex> lock(*mutex_);
-    auto it = copies_by_handle_.find(save.storage().unsafeGetStorageImpl());
+    auto it = copies_by_handle_.find(save.storage().data_ptr().get_context());
     if (it != copies_by_handle_.end()) copy = it->second;
   }
   TORCH_CHECK(copy != nullptr,
@@ -349,6 +349,14 @@ at::Tensor SavedRegions::restored_copy(const std::shared_ptr<Copy>& copy, const 
 
 void SavedRegions::check_unmodified(const Copy& copy) const {
   check_version(copy.version_counter, copy.version, "torch_offload: a tensor saved for backward");
+}
+
+void SavedRegions::on_handle_freed(const void* context) {
+  std::lock_guard<std::mutex> lock(*mutex_);
+  auto it = copies_by_handle_.find(context);
+  if (it == copies_by_handle_.end()) return;
+  it->second->restored = at::Tensor();  // a backward that failed midway never ran its end
+  copies_by_handle_.erase(it);
 }
 
 void SavedRegions::sweep_locked() {

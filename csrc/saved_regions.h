@@ -65,6 +65,10 @@ class SavedRegions {
   // shared by that backward's unpacks until each save made from it has been unpacked.
   at::Tensor unpack(const at::Tensor& save, c10::Device device);
 
+  // The manager calls this when a handle dies (its storage's context): the copy made on it goes,
+  // with its restored device tensor, even where the backward's end never came (an error midway).
+  void on_handle_freed(const void* context);
+
   // Counters since the last reset: saved_tensors, offloaded_saves, shared_saves, saved_bytes,
   // distinct_bytes_saved (see README "Statistics").
   void add_stats(OffloadStats& stats) const;
@@ -135,7 +139,8 @@ class SavedRegions {
   // Shared with the callbacks that run when a backward ends (they may outlive this table).
   const std::shared_ptr<std::mutex> mutex_ = std::make_shared<std::mutex>();
   std::unordered_map<const c10::StorageImpl*, Source> sources_;
-  std::unordered_map<const c10::StorageImpl*, std::shared_ptr<Copy>> copies_by_handle_;
+  // Keyed by the handle storage's context (the manager's entry key), erased when the handle dies.
+  std::unordered_map<const void*, std::shared_ptr<Copy>> copies_by_handle_;
   int64_t packs_since_sweep_ = 0;
   OffloadStats counters_;  // only the save-hook fields are used
 };

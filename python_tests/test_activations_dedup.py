@@ -320,6 +320,27 @@ def test_stats_report_kept_bytes():
     y.sum().backward()
 
 
+def test_a_backward_that_fails_midway_leaves_no_restored_copy_held():
+    # The backward's end never comes; once autograd drops the graph, no device copy may stay.
+    layer = nn.Linear(32, 32)
+    x = torch.randn(8, 32, requires_grad=True)
+    with torch_offload.offload_activations("all", min_bytes=0) as hooks:
+        h = x * 2
+        z = layer(h)  # saves h (for the weight's gradient)
+        loss = (torch.tanh(z) * h).sum()  # saves h again
+
+    def fail(grad):
+        # mul's backward has unpacked h; the linear's has not: h's copy is held for it
+        assert hooks.regions.held_restores() == 1
+        raise RuntimeError("failed midway")
+
+    z.register_hook(fail)
+    with pytest.raises(RuntimeError, match="failed midway"):
+        loss.backward()
+    del loss, z, h
+    assert hooks.regions.held_restores() == 0
+
+
 def test_restored_copy_is_dropped_after_its_last_save_is_unpacked():
     # Backward frees each activation after its last use; a shared restore must not hold every
     # layer's device copy until backward ends (measured: 34 GB held at 16k on the reference model).

@@ -12,7 +12,6 @@
 #include <thread>
 #include <vector>
 
-#include "csrc/saved_regions.h"
 #include "manager_fixture.h"
 
 namespace torch_offload {
@@ -21,14 +20,13 @@ namespace {
 class SavedRegionsTest : public ManagerTest {
  protected:
   void SetUp() override {
+    // The manager's own table, made with a fake backward scope (the engine's is put back after).
+    const BackwardScope engine_scope = default_backward_scope();
+    set_default_backward_scope(
+        {[this] { return task_; }, [this](std::function<void()> f) { at_end_.push_back(f); }});
     make(make_config(8, 1, 0));
-    regions_ = std::make_unique<SavedRegions>(
-        *manager_, BackwardScope{[this] { return task_; },
-                                 [this](std::function<void()> f) { at_end_.push_back(f); }});
-  }
-  void TearDown() override {
-    regions_.reset();
-    ManagerTest::TearDown();
+    set_default_backward_scope(engine_scope);
+    regions_ = &manager_->saved_regions();
   }
   at::Tensor unpack(const at::Tensor& save) { return regions_->unpack(save, kCPU); }
   OffloadStats region_stats() const {
@@ -44,7 +42,7 @@ class SavedRegionsTest : public ManagerTest {
 
   int64_t task_ = -1;
   std::vector<std::function<void()>> at_end_;
-  std::unique_ptr<SavedRegions> regions_;
+  SavedRegions* regions_ = nullptr;
 };
 
 void expect_same_view(const at::Tensor& got, const at::Tensor& expected) {
@@ -125,6 +123,22 @@ TEST_F(SavedRegionsTest, TheBackwardsEndDropsWhatItsUnpacksDidNotUseUp) {
   EXPECT_EQ(regions_->held_restores(), 1);
   end_backward();
   EXPECT_EQ(regions_->held_restores(), 0);
+}
+
+TEST_F(SavedRegionsTest, ABackwardThatFailsMidwayLeavesNoRestoreHeld) {
+  // The backward's end never comes (an error midway); autograd frees the graph, so the save
+  // handles die, and the restored device copy goes with them.
+  {
+    const at::Tensor h = make_tensor({32, 8}, at::kFloat);
+    const at::Tensor s1 = regions_->pack(h);
+    const at::Tensor s2 = regions_->pack(h.t());
+    task_ = 5;
+    unpack(s1);
+    EXPECT_EQ(regions_->held_restores(), 1);
+  }
+  EXPECT_EQ(regions_->held_restores(), 0);
+  at_end_.clear();  // never run
+  task_ = -1;
 }
 
 TEST_F(SavedRegionsTest, AnInPlaceChangeAfterTheSaveIsAnError) {
