@@ -52,3 +52,10 @@ timeout 150 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest_h100_se
 timeout 170 python3 benchmarks/bench_modules.py --out $OUT/mod --seqs 4096,16384 --steps 5 --rounds 5 2>&1 | grep -E "^\| (4096|16384)" | head -6
 timeout 390 python3 benchmarks/bench_selective.py --out $OUT/b8 --shape llama3_8b --seqs 8192 --steps 3 --warmup 1 \
   --variants ckpt,ckpt_re,auto_re/grads_in_forward 2>&1 | grep -v "^{'variant'" | tail -12
+
+# ---- call 8: .gpu/s12call8.sh (carry build/tests/torch_offload_tests too)
+# Session 12, call 8: after 4eebe6c (a dying save handle drops its copy's restore): the CUDA cases
+# of the save-hook tests and the C++ tests with CUDA.
+export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$LD_LIBRARY_PATH
+timeout 150 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest_h100_session12_final.log 2>&1; echo "gtest rc=$?"; tail -3 $OUT/gtest_h100_session12_final.log
+(cd python_tests && timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_activations_dedup.py test_activations.py test_modules.py test_module_presets.py test_keep_on_device.py test_layers.py test_fsdp2.py 2>&1 | tee $OUT/gpu_pytest_cuda_h100_session12_call8.log | tail -3)
