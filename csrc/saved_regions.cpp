@@ -155,9 +155,8 @@ at::Tensor SavedRegions::pack(const at::Tensor& t) {
   c10::intrusive_ptr<c10::StorageImpl> handle_storage;
   for (size_t i = 0; i < live.size() && !copy; ++i) {
     const Copy& c = *live[i];
-    const bool same_family =
-        c.version == version && c.root._unsafe_get_target() == root.unsafeGetTensorImpl();
-    if (same_family && (c.compact ? c.layout == layout : (c.lo <= lo && hi <= c.hi))) {
+    if (c.of_family(root, version) &&
+        (c.compact ? c.layout == layout : (c.lo <= lo && hi <= c.hi))) {
       copy = live[i];
       handle_storage = held[i];
     }
@@ -238,8 +237,7 @@ std::shared_ptr<SavedRegions::Copy> SavedRegions::copy_region(
     copy->lo = copy->hi = lo;
   } else {
     for (const auto& c : live) {  // widen to the union with the family's overlapping copies
-      if (!c->compact && c->version == copy->version &&
-          c->root._unsafe_get_target() == root.unsafeGetTensorImpl() && c->lo < hi && lo < c->hi) {
+      if (!c->compact && c->of_family(root, copy->version) && c->lo < hi && lo < c->hi) {
         lo = std::min(lo, c->lo);
         hi = std::max(hi, c->hi);
       }
@@ -360,9 +358,7 @@ void SavedRegions::on_handle_freed(const void* context) {
 }
 
 void SavedRegions::sweep_locked() {
-  for (auto it = copies_by_handle_.begin(); it != copies_by_handle_.end();) {
-    it = it->second->alive() ? std::next(it) : copies_by_handle_.erase(it);
-  }
+  // (copies_by_handle_ needs no sweep: on_handle_freed takes each copy out as its handle dies)
   for (auto it = sources_.begin(); it != sources_.end();) {
     auto& copies = it->second.copies;
     copies.erase(

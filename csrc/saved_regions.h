@@ -111,6 +111,11 @@ class SavedRegions {
     int64_t restored_task = -1;
     int64_t unpacked = 0;  // unpacks served in restored_task
     bool alive() const { return !handle_storage.expired(); }
+    // Made from a save of `root`'s view family at `version` (a dead root's address is never
+    // reused while we hold it, so the comparison cannot match a newer tensor).
+    bool of_family(const at::Tensor& root_now, uint32_t version_now) const {
+      return version == version_now && root._unsafe_get_target() == root_now.unsafeGetTensorImpl();
+    }
   };
   // The live copies of one source storage and the byte intervals its saves cover.
   struct Source {

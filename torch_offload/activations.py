@@ -234,16 +234,14 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
             return packed
 
         def unpack(packed):
-            if type(packed) is SavedView and packed.dtensor_spec is None:  # the usual case
-                return offload_unpack(packed.save, packed.device, manager_id)
+            if type(packed) is SavedView:  # the usual case, tested first
+                restored = offload_unpack(packed.save, packed.device, manager_id)
+                return restored if packed.dtensor_spec is None else join_local(restored, packed.dtensor_spec)
             if isinstance(packed, torch.Tensor):
                 return packed
             if isinstance(packed, weight_tokens.WeightToken):
                 return packed.unpack()
-            if isinstance(packed, SavedView):
-                restored = packed.unpack(manager_id)
-            else:
-                restored = _rebuild(offload_restore(packed.handle, packed.device, manager_id), packed)
+            restored = _rebuild(offload_restore(packed.handle, packed.device, manager_id), packed)
             return join_local(restored, packed.dtensor_spec)
 
         super().__init__(pack, unpack)

@@ -10,8 +10,6 @@ import threading
 
 import torch
 
-from ._ops import offload_unpack
-
 
 def dense_permutation(t: torch.Tensor):
     """The dimension order in which a non-contiguous `t` is contiguous (a transpose, an SDPA
@@ -88,9 +86,6 @@ class SavedView:
 
     def __init__(self, save: torch.Tensor, device: torch.device):
         self.save, self.device, self.dtensor_spec = save, device, None
-
-    def unpack(self, manager_id: int) -> torch.Tensor:
-        return offload_unpack(self.save, self.device, manager_id)
 
 
 class SavedRegions:
