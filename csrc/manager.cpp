@@ -306,6 +306,7 @@ OffloadStats Manager::stats() {
   host_->add_stats(s);
   if (disk_) disk_->add_stats(s);
   regions_->add_stats(s);
+  filters_.add_stats(s);
   s.in_flight_peak = releaser_.in_flight_peak();
   s.compute_wait_ms = transfer_ ? transfer_->compute_wait_ms() : 0.0;
   return s;
@@ -314,6 +315,7 @@ OffloadStats Manager::stats() {
 void Manager::reset_stats() {
   host_->reset_stats();
   regions_->reset_stats();
+  filters_.reset_stats();
   if (disk_) disk_->reset_stats();
   releaser_.reset_peak();
   if (transfer_) transfer_->reset_compute_wait();

@@ -21,6 +21,7 @@
 #include "host_tier.h"
 #include "manager_config.h"
 #include "offload_stats.h"
+#include "save_filter.h"
 #include "saved_regions.h"
 #include "source_slot.h"
 
@@ -59,6 +60,8 @@ class Manager : public std::enable_shared_from_this<Manager> {
 
   // The table that deduplicates the saves of the save hooks (offload_pack / offload_unpack).
   SavedRegions& saved_regions() { return *regions_; }
+  // What the save hooks offload, one filter per set of hooks (offload_pack_filtered).
+  SaveFilters& save_filters() { return filters_; }
 
   OffloadStats stats();
   void reset_stats();
@@ -190,6 +193,7 @@ class Manager : public std::enable_shared_from_this<Manager> {
   OffloadStats counters_;  // the event counters part of the stats
 
   std::unique_ptr<SavedRegions> regions_;  // uses save / restore above
+  SaveFilters filters_;
 
   // Filled by the releaser's payloads: declared before it, so alive while it drains.
   FinishedSources finished_sources_;

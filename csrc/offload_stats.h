@@ -43,6 +43,9 @@ struct OffloadStats {
   int64_t shared_saves = 0;
   int64_t saved_bytes = 0;
   int64_t distinct_bytes_saved = 0;
+  // Saves the save hooks' filter kept on the device (save_filter.h), and their bytes.
+  int64_t kept_saves = 0;
+  int64_t kept_bytes = 0;
   bool pinned = false;
   double compute_wait_ms = 0.0;   // compute stream stalled waiting for copies
   double host_wait_ms = 0.0;      // host thread blocked by the in-flight bound
@@ -79,6 +82,8 @@ struct OffloadStats {
             {"shared_saves", double(shared_saves)},
             {"saved_bytes", double(saved_bytes)},
             {"distinct_bytes_saved", double(distinct_bytes_saved)},
+            {"kept_saves", double(kept_saves)},
+            {"kept_bytes", double(kept_bytes)},
             {"pinned", pinned ? 1.0 : 0.0},
             {"compute_wait_ms", compute_wait_ms},
             {"host_wait_ms", host_wait_ms},

@@ -1,11 +1,14 @@
-// Kernels of offload_pack / offload_unpack (the save hooks' deduplicated saves,
-// csrc/saved_regions.h). Registered as CompositeImplicitAutograd: they run above autograd, where
-// the saved tensor's view base is visible, and call no differentiable op (the guard keeps the
-// engine's own view and copy ops out of autograd), so their outputs carry no autograd history.
+// Kernels of offload_pack / offload_pack_filtered / offload_unpack (the save hooks' deduplicated
+// saves, csrc/saved_regions.h, and their filter, csrc/save_filter.h). Registered as
+// CompositeImplicitAutograd: they run above autograd, where the saved tensor's view base is
+// visible, and call no differentiable op (the guard keeps the engine's own view and copy ops out of
+// autograd), so their outputs carry no autograd history.
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
+
+#include <tuple>
 
 #include "csrc/manager.h"
 #include "csrc/manager_registry.h"
@@ -15,6 +18,18 @@ namespace {
 at::Tensor offload_pack(const at::Tensor& t, int64_t manager) {
   at::AutoDispatchBelowADInplaceOrView guard;
   return torch_offload::find_manager(manager)->saved_regions().pack(t);
+}
+
+// The save hooks' pack for a plain tensor: the filter decides (save_filter.h), and an offloaded
+// tensor is packed as by offload_pack. The save handle is undefined (None in Python) unless the
+// decision is SaveFilter::kOffload.
+std::tuple<at::Tensor, int64_t> offload_pack_filtered(const at::Tensor& t, int64_t manager,
+                                                      int64_t filter) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  const auto found = torch_offload::find_manager(manager);
+  const auto decision = found->save_filters().get(filter)->decide(t);
+  if (decision != torch_offload::SaveFilter::kOffload) return {at::Tensor(), decision};
+  return {found->saved_regions().pack(t), decision};
 }
 
 at::Tensor offload_unpack(const at::Tensor& save, c10::Device device, int64_t manager) {
@@ -36,5 +51,6 @@ const bool backward_scope_set = [] {
 
 TORCH_LIBRARY_IMPL(offload, CompositeImplicitAutograd, m) {
   m.impl("offload_pack", &offload_pack);
+  m.impl("offload_pack_filtered", &offload_pack_filtered);
   m.impl("offload_unpack", &offload_unpack);
 }

@@ -10,6 +10,9 @@ TORCH_LIBRARY(offload, m) {
   // The save hooks' deduplicated saves (csrc/saved_regions.h): offload_pack returns a host "save
   // handle" viewing the copy that holds t's elements; offload_unpack returns t again on `device`.
   m.def("offload_pack(Tensor t, int manager) -> Tensor");
+  // The same for the save hooks' plain tensors, after the filter `filter` of the manager decided
+  // (csrc/save_filter.h): (save handle or None, decision: 0 offloaded, 1 kept, 2 caller decides).
+  m.def("offload_pack_filtered(Tensor t, int manager, int filter) -> (Tensor, int)");
   m.def("offload_unpack(Tensor save, Device device, int manager) -> Tensor");
 
   using torch_offload::OffloadManager;
@@ -30,6 +33,12 @@ TORCH_LIBRARY(offload, m) {
       .def("prefetch", &OffloadManager::prefetch)
       .def("empty_pool", &OffloadManager::empty_pool)
       .def("saved_region_counts", &OffloadManager::saved_region_counts)
+      .def("add_save_filter", &OffloadManager::add_save_filter)
+      .def("remove_save_filter", &OffloadManager::remove_save_filter)
+      .def("save_filter_keep", &OffloadManager::save_filter_keep)
+      .def("save_filter_counts", &OffloadManager::save_filter_counts)
+      .def("save_filter_report", &OffloadManager::save_filter_report)
+      .def("save_filter_reset_record", &OffloadManager::save_filter_reset_record)
       .def("max_in_flight", &OffloadManager::max_in_flight)
       .def("prefetch_depth", &OffloadManager::prefetch_depth)
       .def("host_budget_bytes", &OffloadManager::host_budget_bytes)

@@ -27,6 +27,25 @@ c10::Dict<std::string, double> OffloadManager::stats() const {
   return out;
 }
 
+c10::Dict<std::string, int64_t> OffloadManager::save_filter_counts(int64_t id) const {
+  const SaveFilter::StepCounts counts = manager_->save_filters().get(id)->step_counts();
+  c10::Dict<std::string, int64_t> out;
+  out.insert("offloaded", counts.offloaded);
+  out.insert("under_min_bytes", counts.under_min_bytes);
+  out.insert("largest_under_min_bytes", counts.largest_under_min_bytes);
+  out.insert("kept_other", counts.kept_other);
+  return out;
+}
+
+c10::Dict<std::string, int64_t> OffloadManager::save_filter_report(int64_t id) const {
+  const SaveFilter::Report report = manager_->save_filters().get(id)->report();
+  c10::Dict<std::string, int64_t> out;
+  out.insert("expected_bytes", report.expected_bytes);
+  out.insert("freed_bytes", report.freed_bytes);
+  out.insert("storages", report.storages);
+  return out;
+}
+
 void OffloadManager::simulate_full_disk(bool full) { manager_->simulate_full_disk(full); }
 
 void OffloadManager::simulate_available_ram(int64_t bytes) {

@@ -43,6 +43,21 @@ class OffloadManager : public torch::CustomClassHolder {
     counts.insert("held_restores", regions.held_restores());
     return counts;
   }
+  // The save hooks' filters (csrc/save_filter.h), one per set of hooks: which saves
+  // offload_pack_filtered offloads, what was kept and why, and the storages offloaded since a
+  // reset.
+  int64_t add_save_filter(int64_t min_bytes, bool record) {
+    return manager_->save_filters().add(min_bytes, record);
+  }
+  void remove_save_filter(int64_t id) { manager_->save_filters().remove(id); }
+  void save_filter_keep(int64_t id, const at::Tensor& t) {
+    manager_->save_filters().get(id)->keep(t);
+  }
+  // offloaded, under_min_bytes, largest_under_min_bytes, kept_other (never reset).
+  c10::Dict<std::string, int64_t> save_filter_counts(int64_t id) const;
+  // expected_bytes, freed_bytes, storages: the storages offloaded since the last reset_record.
+  c10::Dict<std::string, int64_t> save_filter_report(int64_t id) const;
+  void save_filter_reset_record(int64_t id) { manager_->save_filters().get(id)->reset_record(); }
   int64_t max_in_flight() const { return manager_->config().max_in_flight; }
   int64_t prefetch_depth() const { return manager_->config().prefetch_depth; }
   int64_t host_budget_bytes() const { return manager_->config().host_budget_bytes; }

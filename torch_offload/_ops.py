@@ -64,6 +64,8 @@ offload_save = torch.ops.offload.offload_save
 # The save hooks' deduplicated saves (csrc/saved_regions.h); the overloads themselves, called once
 # per saved tensor, skip the packet's overload lookup.
 offload_pack = torch.ops.offload.offload_pack.default
+# The save hooks' pack of a plain tensor after the engine's filter (csrc/save_filter.h).
+offload_pack_filtered = torch.ops.offload.offload_pack_filtered.default
 offload_unpack = torch.ops.offload.offload_unpack.default
 _restore_op = torch.ops.offload.offload_restore
 

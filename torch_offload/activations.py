@@ -15,12 +15,12 @@ import copy
 import os
 import tempfile
 import weakref
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ._ops import offload_pack, offload_restore, offload_save, offload_unpack
+from ._ops import offload_pack, offload_pack_filtered, offload_restore, offload_save, offload_unpack
 
 from . import node_budget, weight_tokens
 from .dtensors import is_dtensor as _is_dtensor
@@ -30,6 +30,7 @@ from .empty_steps import StepCounts
 from .manager import OffloadManager, register_stats_source
 from .manager import reset_stats as manager_reset_stats
 from .manager import stats as manager_stats
+from .save_filter import KEEP, SaveFilter
 from .saved_regions import SavedRegions, SavedView, SaveCounters, compact_layout, rebuild_layout
 
 MODE_ALIASES = {"all": "all", "true": "all", "sync": "sync", "legacy": "sync", "disk": "disk"}
@@ -118,7 +119,8 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
     (0 = unlimited) or `node_host_budget_bytes` (shared by the ranks of a node), `disk_dir` (the disk tier: where "disk" writes, where "all" spills),
     `disk_direct_io` (its files bypass the page cache: see OffloadManager),
     `keep_on_device_bytes` (the newest saves, up to that many bytes, stay on the GPU uncopied: see
-    OffloadManager), or a ready `manager`. `on_offload(t)` is called with each tensor offloaded (modules mode counts them).
+    OffloadManager), or a ready `manager`. `record_offloaded=True` records the storages offloaded
+    (`filter.report()`, `filter.reset_record()`: modules mode's report).
     Leaving the context after tensors were saved but none offloaded warns once, saying why
     (NothingOffloadedWarning; apply() checks each training step instead: warn_on_exit=False).
     copy.deepcopy gives hooks on a copy of the manager (fresh, same configuration) that keep the
@@ -141,7 +143,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         disk_dir: Optional[str] = None,
         keep_on_device_bytes: int = 0,
         disk_direct_io=False,
-        on_offload: Optional[Callable[[torch.Tensor], None]] = None,
+        record_offloaded: bool = False,
         warn_on_exit: bool = True,
     ):
         self.mode = canonical_mode(mode)
@@ -161,28 +163,33 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
                 disk_direct_io=disk_direct_io,
             )
         self.manager = manager
-        self.counts = counts = StepCounts()
         self.warn_on_exit = warn_on_exit
         # For __deepcopy__; weak, as kept_storages' references (FSDP2 must free what it replaces).
         keep = list(keep)
         self._keep = [weakref.ref(t) for t in keep]
-        self._on_offload = on_offload
+        self._record_offloaded = record_offloaded
         manager_id = manager.id()
         min_bytes = self.min_bytes
-        # Storages that stay resident whatever views of them autograd saves (model weights, buffers).
+        # Storages that stay resident whatever views of them autograd saves (model weights, buffers):
+        # here for the Python path, in the engine's filter for the others.
         kept = kept_storages(keep)
+        # The engine decides for plain tensors (one op call per save); this Python path takes the
+        # rest (tensor subclasses, non-strided tensors, leaves that may be frozen parameters) and
+        # every save while layer offloading has weights installed (weight_tokens).
+        self.filter = save_filter = SaveFilter(manager, min_bytes, keep, record=record_offloaded)
+        filter_id = save_filter.id
+        self.counts = counts = StepCounts(engine_counts=save_filter.counts)
 
         # Saves of one storage region share one copy (the engine's table, saved_regions.py); the
-        # engine counts those saves, these counters the others, for stats().
+        # engine counts those saves and the filter's kept ones, these counters the Python path's.
         self.counters = SaveCounters()
         self.regions = SavedRegions(manager)
         register_stats_source(manager, self.counters)
         counters = self.counters
 
         def offload(t: torch.Tensor):
-            """Counts the save (saved_tensors too) and packs it."""
-            if on_offload is not None:
-                on_offload(t)
+            """Records the save and packs it (counted: saved_tensors too)."""
+            save_filter.record(t)
             if SavedRegions.handles(t):
                 return SavedView(offload_pack(t, manager_id), t.device)
             # Tensor subclasses and empty tensors: one copy per save.
@@ -223,7 +230,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
                 node_budget.name_in_error(error, manager_id)
                 raise
 
-        def pack(t: torch.Tensor):
+        def python_pack(t: torch.Tensor):
             token = weight_tokens.pack(t)
             if token is not None:  # a frozen weight of an offloaded layer: fetched again in backward
                 return token
@@ -232,6 +239,19 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
                 local = t.to_local() if _is_dtensor(t) else t
                 counters.add(saved_tensors=1, kept_saves=1, kept_bytes=local.numel() * local.element_size())
             return packed
+
+        def pack(t: torch.Tensor):
+            if type(t) is torch.Tensor and not weight_tokens.installed():  # the usual case
+                try:
+                    save, decision = offload_pack_filtered(t, manager_id, filter_id)
+                except RuntimeError as error:
+                    node_budget.name_in_error(error, manager_id)
+                    raise
+                if save is not None:
+                    return SavedView(save, t.device)
+                if decision == KEEP:
+                    return t
+            return python_pack(t)
 
         def unpack(packed):
             if type(packed) is SavedView:  # the usual case, tested first
@@ -254,7 +274,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         memo[id(self)] = new
         offload_activations.__init__(new, self.mode, min_bytes=self.min_bytes,
                                      manager=copy.deepcopy(self.manager, memo), keep=keep,
-                                     on_offload=copy.deepcopy(self._on_offload, memo),
+                                     record_offloaded=self._record_offloaded,
                                      warn_on_exit=self.warn_on_exit)
         return new
 

@@ -13,7 +13,9 @@ class NothingOffloadedWarning(UserWarning):
 class StepCounts:
     """What the saved-tensor hooks did with each tensor autograd saved (pack() counts)."""
 
-    def __init__(self):
+    def __init__(self, engine_counts=None):
+        # The engine's counts of the same (a dict, see SaveFilter.counts), added to these.
+        self._engine_counts = engine_counts
         self.offloaded = 0
         self.under_min_bytes = 0
         self.largest_under_min_bytes = 0
@@ -21,7 +23,16 @@ class StepCounts:
         self.warned = False
 
     def snapshot(self) -> tuple:
-        return (self.offloaded, self.under_min_bytes, self.kept_other)
+        if self._engine_counts is None:
+            return (self.offloaded, self.under_min_bytes, self.kept_other)
+        engine = self._engine_counts()
+        return (self.offloaded + engine["offloaded"], self.under_min_bytes + engine["under_min_bytes"],
+                self.kept_other + engine["kept_other"])
+
+    def largest_under(self) -> int:
+        """The largest tensor kept for being under min_bytes."""
+        engine = self._engine_counts()["largest_under_min_bytes"] if self._engine_counts is not None else 0
+        return max(self.largest_under_min_bytes, engine)
 
     def warn_if_nothing_offloaded(self, since: tuple, min_bytes: int) -> None:
         offloaded, small, other = (now - before for now, before in zip(self.snapshot(), since))
@@ -30,7 +41,7 @@ class StepCounts:
         self.warned = True
         if small:
             why = (f"{small} saved tensors were under min_bytes={min_bytes} (the largest: "
-                   f"{self.largest_under_min_bytes} bytes); pass a smaller min_bytes (e.g. "
+                   f"{self.largest_under()} bytes); pass a smaller min_bytes (e.g. "
                    "min_bytes=0) to offload them")
             if other:
                 why += f"; {other} more were parameters, buffers or views of them"

@@ -18,7 +18,6 @@ from typing import Iterable
 
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import weight_tokens
 from .activations import offload_activations, resident_tensors
@@ -42,18 +41,15 @@ class ModuleOffloadHandle(NotPicklable):
         self.model = model
         self.modules = selection.selected
         self.excluded = selection.excluded
-        self.hooks = offload_activations("all", keep=resident_tensors(model), on_offload=self._record,
+        self.hooks = offload_activations("all", keep=resident_tensors(model), record_offloaded=True,
                                          warn_on_exit=False, **hooks_options)
         self.manager = self.hooks.manager
-        self._offloaded = {}  # StorageImpl address (pinned by the weak ref) -> (weak ref, bytes)
-        self._lock = threading.Lock()
         self._scopes = HookScopes()
         self._outside = threading.local()  # per thread: the hooks active outside each selected call
         self._hook_handles = []
 
     def __deepcopy__(self, memo):
-        return copy_attributes(self, memo, {"_offloaded": dict, "_lock": threading.Lock,
-                                            "_outside": threading.local})
+        return copy_attributes(self, memo, {"_outside": threading.local})
 
     def stats(self) -> dict:
         """The manager's statistics merged with the hooks' counters (see torch_offload.stats)."""
@@ -63,30 +59,16 @@ class ModuleOffloadHandle(NotPicklable):
         """For the last forward: bytes offloaded (distinct storages) and bytes of those the device
         no longer holds. Call between forward and backward (backward frees everything anyway)."""
         self.manager.synchronize()  # copies done: the engine no longer holds any source
-        with self._lock:
-            entries = list(self._offloaded.values())
-        expected = sum(nbytes for _, nbytes in entries)
-        freed = sum(nbytes for ref, nbytes in entries if ref.expired())
-        return {"expected_bytes": expected, "freed_bytes": freed, "storages": len(entries)}
+        return self.hooks.filter.report()
 
     def remove(self) -> None:
         for hook in self._hook_handles:
             hook.remove()
         self._hook_handles = []
 
-    def _record(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        if storage._cdata in self._offloaded:  # its entry's weak reference pins that address
-            return
-        ref = StorageWeakRef(storage)
-        with self._lock:
-            if ref.cdata not in self._offloaded:
-                self._offloaded[ref.cdata] = (ref, storage.nbytes())
-
     def _new_forward(self, module, args):
         if torch.is_grad_enabled():
-            with self._lock:
-                self._offloaded = {}
+            self.hooks.filter.reset_record()
 
     def _enter(self, module, args):
         on = module.training and torch.is_grad_enabled()

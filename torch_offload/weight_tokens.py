@@ -69,6 +69,11 @@ def uninstall(copy: torch.Tensor) -> None:
             _installed.pop(copy.untyped_storage().data_ptr(), None)
 
 
+def installed() -> bool:
+    """Whether any weight copy is installed now (layer offloading runs a layer)."""
+    return bool(_installed)
+
+
 def pack(t: torch.Tensor) -> Optional[WeightToken]:
     """A token for `t` if it lies on an installed weight copy, else None."""
     if not _installed or t.layout != torch.strided or type(t) not in (torch.Tensor, torch.nn.Parameter):

@@ -1,0 +1,104 @@
+"""The save hooks' filter in the engine (csrc/save_filter.h, torch_offload/save_filter.py): plain
+tensors are decided by one op call, what the engine cannot tell goes through the Python path, and
+the two together decide, count and record as the Python hooks alone did."""
+import gc
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import torch_offload
+from conftest import DEVICES
+from test_models import _tiny_llama
+
+
+def _mlp_step(net, x, hooks):
+    with hooks:
+        loss = net(x * 2).pow(2).sum()
+    loss.backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_plain_saves_are_decided_by_the_engine(device):
+    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)).to(device)
+    x = torch.randn(16, 64, device=device, requires_grad=True)
+    hooks = torch_offload.offload_activations("all", min_bytes=0, keep=net.parameters())
+    _mlp_step(net, x, hooks)
+    engine = hooks.filter.counts()
+    assert engine["offloaded"] == hooks.stats()["offloaded_saves"] > 0
+    assert engine["kept_other"] > 0  # the weights' views
+    assert hooks.counts.offloaded == 0  # nothing took the Python path
+    assert hooks.counts.snapshot()[0] == engine["offloaded"]
+
+
+def test_frozen_parameter_stays_and_a_plain_leaf_is_offloaded_without_keep():
+    # No `keep`: the engine cannot tell a frozen nn.Parameter from an input leaf; Python does.
+    frozen = nn.Linear(32, 32)
+    frozen.requires_grad_(False)
+    x = torch.randn(8, 32)  # a leaf without grad, not a parameter: an activation to offload
+    scale = torch.randn(8, 32, requires_grad=True)
+    reference_scale = scale.detach().clone().requires_grad_()
+    (frozen(x * reference_scale) * x).sum().backward()
+    hooks = torch_offload.offload_activations("all", min_bytes=0)
+    with hooks:
+        loss = (frozen(x * scale) * x).sum()
+    stats = hooks.stats()
+    loss.backward()
+    assert torch.equal(scale.grad, reference_scale.grad)
+    assert hooks.counts.kept_other == 1  # frozen.weight.t(), on the Python path
+    assert hooks.counts.offloaded >= 1  # x, on the Python path
+    assert stats["kept_bytes"] == frozen.weight.nbytes
+    assert stats["saved_tensors"] == stats["offloaded_saves"] + stats["kept_saves"]
+
+
+def test_under_min_bytes_warning_names_the_largest_tensor_from_the_engine():
+    net = nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+    hooks = torch_offload.offload_activations("all", min_bytes=1 << 20, keep=net.parameters())
+    with pytest.warns(torch_offload.NothingOffloadedWarning, match=r"the largest: 256 bytes"):
+        with hooks:
+            y = torch.relu(net(x))
+    y.sum().backward()
+    assert hooks.filter.counts()["largest_under_min_bytes"] == 256
+
+
+def test_the_filter_goes_with_its_hooks():
+    manager = torch_offload.OffloadManager()
+    hooks = torch_offload.offload_activations("all", manager=manager)
+    filter_id = hooks.filter.id
+    assert manager.save_filter_counts(filter_id)["offloaded"] == 0
+    del hooks
+    gc.collect()
+    with pytest.raises(RuntimeError, match=f"no save filter with id {filter_id}"):
+        manager.save_filter_counts(filter_id)
+
+
+def test_kept_saves_of_two_hook_sets_on_one_manager_are_summed_and_reset():
+    manager = torch_offload.OffloadManager()
+    net = nn.Linear(16, 16)
+    x = torch.randn(4, 16, requires_grad=True)
+    first = torch_offload.offload_activations("all", manager=manager, keep=net.parameters())
+    second = torch_offload.offload_activations("all", manager=manager, keep=net.parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch_offload.NothingOffloadedWarning)
+        for hooks in (first, second):
+            with hooks:
+                net(x * 2).sum().backward()
+    stats = torch_offload.stats(manager)
+    assert stats["kept_saves"] == 4 and stats["kept_bytes"] == 2 * (net.weight.nbytes + x.nbytes)
+    torch_offload.reset_stats(manager)
+    assert torch_offload.stats(manager)["kept_saves"] == 0
+
+
+def test_modules_report_records_each_storage_once_per_forward():
+    model = _tiny_llama("cpu", dropout=0.0)
+    ids = torch.randint(0, 256, (1, 16))
+    handle = torch_offload.apply(model, "modules", targets=["*.self_attn"], min_bytes=0)
+    for _ in range(2):  # the record starts again with each forward
+        loss = model(input_ids=ids, labels=ids).loss
+        report = handle.report()
+        loss.backward()
+    assert report["storages"] > 0
+    assert report["expected_bytes"] == handle.modules.hooks.filter.report()["expected_bytes"]
+    assert report["expected_bytes"] <= handle.stats()["distinct_bytes_saved"]
