@@ -35,15 +35,18 @@ import torch_offload  # noqa: E402
 from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, log,  # noqa: E402
                                median_rounds, new_result, release_memory, short_gpu_name, sync, table)
 
-def run_variant(model, targets, seq, args, keep_gb=0.0):
+def run_variant(model, targets, seq, args, keep_gb=0.0, prefetch_depth=None):
     # "preset:NAME" in a --targets set is the preset NAME (presets=), the rest are patterns
     presets = [t[len("preset:"):] for t in targets or () if t.startswith("preset:")]
     patterns = [t for t in targets or () if not t.startswith("preset:")]
-    kept = dict(keep_on_device_bytes=int(keep_gb * GB)) if keep_gb else {}
+    options = dict(keep_on_device_bytes=int(keep_gb * GB)) if keep_gb else {}
+    if prefetch_depth is not None:
+        options["prefetch_depth"] = prefetch_depth
     handle = torch_offload.apply(model, "modules", targets=patterns, presets=presets,
-                                 min_bytes=args.min_bytes, **kept) if targets else None
+                                 min_bytes=args.min_bytes, **options) if targets else None
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
-    label = "none" if not targets else "modules " + ",".join(targets) + (f" keep {keep_gb:g} GB" if keep_gb else "")
+    label = "none" if not targets else ("modules " + ",".join(targets) + (f" keep {keep_gb:g} GB" if keep_gb else "")
+                                        + (f" prefetch {prefetch_depth}" if prefetch_depth is not None else ""))
     try:
         for _ in range(args.warmup):
             model(input_ids=ids, labels=ids).loss.backward()
@@ -127,6 +130,8 @@ def main():
     p.add_argument("--rounds", type=int, default=1, help="run the variants this many times, interleaved")
     p.add_argument("--keep-gb", default="0",
                    help="comma-separated keep_on_device_bytes in GB: each target set runs with each (0: none kept)")
+    p.add_argument("--prefetch-depths", default="",
+                   help="comma-separated prefetch_depth values: each target set runs with each (default: the mode's)")
     args = finish_run_args(p.parse_args(), REFERENCE)
     if args.tiny:
         args.min_bytes = 0
@@ -140,12 +145,13 @@ def main():
 
     t0 = time.time()
     keeps = [float(k) for k in args.keep_gb.split(",")]
-    variants = [(None, 0.0)] + [(t, k) for t in target_sets for k in keeps]
+    depths = [int(d) for d in args.prefetch_depths.split(",")] if args.prefetch_depths else [None]
+    variants = [(None, 0.0, None)] + [(t, k, d) for t in target_sets for k in keeps for d in depths]
     result["round_runs"] = []  # every round's row; "runs" holds the median round of each
     for seq in args.seq_list:
         for _ in range(args.rounds):
-            for targets, keep_gb in variants:
-                row = run_variant(model, targets, seq, args, keep_gb)
+            for targets, keep_gb, depth in variants:
+                row = run_variant(model, targets, seq, args, keep_gb, depth)
                 log({k: v for k, v in row.items() if k not in ("stats", "times_s")}, f"{time.time() - t0:.0f}s")
                 result["round_runs"].append(row)
             result["runs"] = median_rounds(result["round_runs"])

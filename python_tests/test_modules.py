@@ -116,3 +116,10 @@ def test_modules_mode_with_layer_offloading(device):
     handle = torch_offload.apply(ours, mode="modules", targets=["*.mlp"], min_bytes=0, layer_offloading=True)
     _steps_match_plain(ours, plain, device, steps=1)
     assert handle.stats()["saves"] > 0 and handle.layers.stats()["restores"] > 0
+
+
+def test_modules_prefetches_eight_copies_ahead_unless_told():
+    model = _tiny_llama("cpu")
+    assert torch_offload.apply(copy.deepcopy(model), mode="modules", targets=["*.self_attn"]).manager.prefetch_depth() == 8
+    handle = torch_offload.apply(copy.deepcopy(model), mode="modules", targets=["*.self_attn"], prefetch_depth=2)
+    assert handle.manager.prefetch_depth() == 2
