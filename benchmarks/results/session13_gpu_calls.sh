@@ -79,3 +79,13 @@ gzip $OUT/modules_4k_filter_pyspy.txt
 # demand, not prefetched).
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 timeout 400 python3 benchmarks/bench_modules.py --out $OUT/mod --seqs 4096,16384 --steps 5 --rounds 4 --prefetch-depths 4,8,16,32 2>&1 | grep -E "^\| (4096|16384)" | head -10
+
+# ---- .gpu/s13call9.sh
+# Session 13, call 9 (carry .whl for TRL): the final build (save filter in the engine, modules
+# prefetching 8 ahead): modules `*.self_attn` at 4k / 16k in 5 rounds; `all` at 16k beside TRL;
+# bf16 gradients of all and modules against the noise floor at 4k (issue 13).
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-index .whl/trl-1.16.0-py3-none-any.whl 2>&1 | grep -v WARNING | tail -1
+timeout 170 python3 benchmarks/bench_modules.py --out $OUT/mod --seqs 4096,16384 --steps 5 --rounds 5 2>&1 | grep -E "^\| (4096|16384)" | head -6
+timeout 200 python3 benchmarks/bench_activations.py --out $OUT/act --seqs 16384 --variants none,all,trl --no-noise --soak-steps 2 --warmup 1 --steps 3 2>&1 | grep -E "^\| 16384|TRL|distinct" | head -8
+timeout 150 python3 benchmarks/bench_activations.py --out $OUT/noise --seqs 4096 --variants none,all,modules --steps 3 --warmup 1 --soak-steps 2 2>&1 | grep -E "^\| 4096|noise|floor" | head -10
