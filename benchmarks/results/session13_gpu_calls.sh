@@ -89,3 +89,9 @@ python3 -m pip install -q --no-deps --no-index .whl/trl-1.16.0-py3-none-any.whl 
 timeout 170 python3 benchmarks/bench_modules.py --out $OUT/mod --seqs 4096,16384 --steps 5 --rounds 5 2>&1 | grep -E "^\| (4096|16384)" | head -6
 timeout 200 python3 benchmarks/bench_activations.py --out $OUT/act --seqs 16384 --variants none,all,trl --no-noise --soak-steps 2 --warmup 1 --steps 3 2>&1 | grep -E "^\| 16384|TRL|distinct" | head -8
 timeout 150 python3 benchmarks/bench_activations.py --out $OUT/noise --seqs 4096 --variants none,all,modules --steps 3 --warmup 1 --soak-steps 2 2>&1 | grep -E "^\| 4096|noise|floor" | head -10
+
+# ---- .gpu/s13call10.sh
+# Session 13, call 10: every CUDA pytest case on the final build (the save filter changes the save
+# path of all, sync, disk and modules, and selective's hooks).
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+(cd python_tests && timeout 420 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda . 2>&1 | tee $OUT/gpu_pytest_cuda_h100_session13_final.log | tail -5)
