@@ -95,3 +95,19 @@ timeout 150 python3 benchmarks/bench_activations.py --out $OUT/noise --seqs 4096
 # path of all, sync, disk and modules, and selective's hooks).
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 (cd python_tests && timeout 420 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda . 2>&1 | tee $OUT/gpu_pytest_cuda_h100_session13_final.log | tail -5)
+
+# ---- .gpu/s13call11.sh (clocks_16k_windows.jsonl is committed as clocks_16k_windows_h100.jsonl)
+# Session 13, call 11 (issue 10): the GPU's SM clock, power and clock-event reasons during
+# interleaved 16k steps of checkpointing / hidden_states / hidden_states without copies.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+F=clocks_event_reasons.active
+nvidia-smi --query-gpu=$F --format=csv,noheader > /dev/null 2>&1 || F=clocks_throttle_reasons.active
+nvidia-smi --query-gpu=power.limit,clocks.max.sm --format=csv
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,$F --format=csv,noheader -lms 100 > $OUT/clocks_16k_smi.csv &
+SMI=$!
+timeout 300 python3 benchmarks/results/clocks_16k.py 16384 4 > $OUT/clocks_16k_windows.jsonl 2> $OUT/clocks_16k_stderr.log
+kill $SMI
+tail -3 $OUT/clocks_16k_stderr.log
+python3 benchmarks/results/clocks_16k_analyse.py $OUT/clocks_16k_windows.jsonl $OUT/clocks_16k_smi.csv | tee $OUT/clocks_16k_h100.log
+head -3 $OUT/clocks_16k_smi.csv
+gzip $OUT/clocks_16k_smi.csv
