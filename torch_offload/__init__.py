@@ -1,7 +1,7 @@
 """torch_offload: activation offloading for PyTorch training, backed by a C++ engine.
 
-Ops: torch.ops.offload.offload_save / offload_restore (and offload_pack / offload_unpack, the save
-hooks' deduplicated saves); class: torch.classes.offload.OffloadManager.
+Ops: torch.ops.offload.offload_save / offload_restore (and offload_pack / offload_pack_filtered /
+offload_unpack, the save hooks' filtered, deduplicated saves); class: torch.classes.offload.OffloadManager.
 """
 from ._library import load_library
 from ._ops import offload_restore, offload_save
