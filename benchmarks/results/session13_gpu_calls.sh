@@ -111,3 +111,21 @@ tail -3 $OUT/clocks_16k_stderr.log
 python3 benchmarks/results/clocks_16k_analyse.py $OUT/clocks_16k_windows.jsonl $OUT/clocks_16k_smi.csv | tee $OUT/clocks_16k_h100.log
 head -3 $OUT/clocks_16k_smi.csv
 gzip $OUT/clocks_16k_smi.csv
+
+# ---- .gpu/s13call12.sh (.gpu/poll/libtorch_offload.so: 32e5f72 with CudaFence::synchronize polling event.query() every 20 us, built in a worktree, not committed)
+# Session 13, call 12 (issue 13): copy fences that poll (query + 20 us sleeps, .gpu/poll: the final
+# build with that one change in csrc/cuda_transfer.cpp) against the final build's fences, which
+# spin inside cudaEventSynchronize on the releaser thread: the host time per save-op call and the
+# 4k modules step, in alternating processes.
+export PYTHONUNBUFFERED=1
+ROOT=$PWD
+run() { TORCH_OFFLOAD_LIBRARY=$1 PYTHONPATH=$ROOT "${@:2}"; }
+summary() { python3 -c "import json,sys; d=json.load(sys.stdin); print(d['step_ms'], {k: (v['median_us'], v['p90_us'], v['ms_per_step']) for k, v in d['calls'].items()})"; }
+for i in 1 2 3; do
+  for build in spin poll; do
+    lib=$ROOT/build/libtorch_offload.so; [ $build = poll ] && lib=$ROOT/.gpu/poll/libtorch_offload.so
+    echo "== $build $i"
+    run $lib timeout 100 python3 benchmarks/results/modules_pack_cost_4k.py 4096 10 2>/dev/null | summary
+    run $lib timeout 100 python3 benchmarks/bench_modules.py --out $OUT/$build$i --seqs 4096 --steps 5 --rounds 3 2>&1 | grep -E "^\| 4096" | head -2
+  done
+done
