@@ -82,3 +82,12 @@ def median_rounds(runs: list) -> list:
         if "error" in r and (r["variant"], r["seq"]) not in groups:
             rows.append(r)
     return rows
+
+
+def reference_from_argv(default_seq: int, default_rounds: int):
+    """For the diagnostic scripts of results/ (`script.py [SEQ] [ROUNDS]`): seq and rounds from the
+    command line, the reference model on CUDA and one batch of random token ids."""
+    seq = int(sys.argv[1]) if len(sys.argv) > 1 else default_seq
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else default_rounds
+    model = build_llama(REFERENCE, "cuda", seq)
+    return seq, rounds, model, torch.randint(0, REFERENCE["vocab"], (1, seq), device="cuda")

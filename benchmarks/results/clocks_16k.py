@@ -13,12 +13,9 @@ import torch
 
 sys.path.insert(0, ".")
 import torch_offload  # noqa: E402
-from benchmarks.common import REFERENCE, build_llama  # noqa: E402
+from benchmarks.common import reference_from_argv  # noqa: E402
 
-seq = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
-rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 4
-model = build_llama(REFERENCE, "cuda", seq)
-ids = torch.randint(0, REFERENCE["vocab"], (1, seq), device="cuda")
+seq, rounds, model, ids = reference_from_argv(16384, 4)
 
 
 def hf_checkpointing():
