@@ -129,3 +129,9 @@ for i in 1 2 3; do
     run $lib timeout 100 python3 benchmarks/bench_modules.py --out $OUT/$build$i --seqs 4096 --steps 5 --rounds 3 2>&1 | grep -E "^\| 4096" | head -2
   done
 done
+
+# ---- .gpu/s13call13.sh
+# Session 13, call 13 (issue 13): host time per CUDA call of a copying save, with the GPU busy, to
+# size a copy launcher off the forward thread.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 200 python3 benchmarks/results/cuda_call_cost.py 200 2>&1 | grep -v -i warn | tee $OUT/cuda_call_cost_h100.log
