@@ -49,11 +49,22 @@ SaveFilter::Decision SaveFilter::decide(const at::Tensor& t) {
     return kept(nbytes);
   }
   counts_.offloaded++;
-  if (record_ && recorded_.count(storage) == 0) {
+  record_locked(t);
+  return kOffload;
+}
+
+void SaveFilter::record(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  record_locked(t);
+}
+
+void SaveFilter::record_locked(const at::Tensor& t) {
+  if (!record_) return;
+  const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  if (recorded_.count(storage) == 0) {
     recorded_.emplace(storage, std::make_pair(t.storage().getWeakStorageImpl(),
                                               static_cast<int64_t>(t.storage().nbytes())));
   }
-  return kOffload;
 }
 
 SaveFilter::StepCounts SaveFilter::step_counts() const {

@@ -45,6 +45,8 @@ class SaveFilter {
   // kOffload: the caller packs t (counted as offloaded, recorded). kKeep: counted as a kept save.
   // kCallerDecides: nothing counted.
   Decision decide(const at::Tensor& t);
+  // Records t's storage as offloaded (when recording): for the saves the caller decided itself.
+  void record(const at::Tensor& t);
 
   StepCounts step_counts() const;
   // Saves kept since the last reset: saved_tensors, kept_saves, kept_bytes.
@@ -56,6 +58,7 @@ class SaveFilter {
  private:
   using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
   Decision kept(int64_t nbytes);  // counts a kept save (lock held)
+  void record_locked(const at::Tensor& t);
 
   const int64_t min_bytes_;
   const bool record_;

@@ -102,3 +102,19 @@ def test_modules_report_records_each_storage_once_per_forward():
     assert report["storages"] > 0
     assert report["expected_bytes"] == handle.modules.hooks.filter.report()["expected_bytes"]
     assert report["expected_bytes"] <= handle.stats()["distinct_bytes_saved"]
+
+
+def test_saves_decided_in_python_are_in_the_engines_record():
+    # x, a leaf without grad, takes the Python path; relu's output the engine's: one record.
+    x = torch.randn(8, 32)
+    scale = torch.randn(8, 32, requires_grad=True)
+    hooks = torch_offload.offload_activations("all", min_bytes=0, record_offloaded=True)
+    with hooks:
+        loss = ((x * scale).relu() * 2).sum()
+    report = hooks.filter.report()
+    assert hooks.counts.offloaded >= 1 and hooks.filter.counts()["offloaded"] >= 1
+    assert report["storages"] == 2  # x (saved by the product) and relu's output
+    assert report["expected_bytes"] == 2 * x.nbytes
+    loss.backward()
+    hooks.filter.reset_record()
+    assert hooks.filter.report()["storages"] == 0

@@ -94,6 +94,12 @@ TEST(SaveFilterTest, RecordsEachOffloadedStorageOnceAndSeesItFreed) {
   h = torch::Tensor();  // its storage dies
   report = filter.report();
   EXPECT_EQ(report.freed_bytes, 8 * 8 * 4);
+  // A save the caller decided (a plain leaf without grad) is recorded through record().
+  const torch::Tensor leaf = torch::randn({2, 8});
+  EXPECT_EQ(filter.decide(leaf), SaveFilter::kCallerDecides);
+  filter.record(leaf);
+  filter.record(leaf.t());
+  EXPECT_EQ(filter.report().storages, 3);
   filter.reset_record();
   EXPECT_EQ(filter.report().storages, 0);
 }
@@ -101,6 +107,7 @@ TEST(SaveFilterTest, RecordsEachOffloadedStorageOnceAndSeesItFreed) {
 TEST(SaveFilterTest, WithoutRecordNothingIsRecorded) {
   SaveFilter filter(0, false);
   EXPECT_EQ(filter.decide(activation({4})), SaveFilter::kOffload);
+  filter.record(torch::randn({4}));
   EXPECT_EQ(filter.report().storages, 0);
 }
 

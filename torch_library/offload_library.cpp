@@ -36,6 +36,7 @@ TORCH_LIBRARY(offload, m) {
       .def("add_save_filter", &OffloadManager::add_save_filter)
       .def("remove_save_filter", &OffloadManager::remove_save_filter)
       .def("save_filter_keep", &OffloadManager::save_filter_keep)
+      .def("save_filter_record", &OffloadManager::save_filter_record)
       .def("save_filter_counts", &OffloadManager::save_filter_counts)
       .def("save_filter_report", &OffloadManager::save_filter_report)
       .def("save_filter_reset_record", &OffloadManager::save_filter_reset_record)

@@ -53,6 +53,10 @@ class OffloadManager : public torch::CustomClassHolder {
   void save_filter_keep(int64_t id, const at::Tensor& t) {
     manager_->save_filters().get(id)->keep(t);
   }
+  // Records t's storage as offloaded by the hooks' Python path (when the filter records).
+  void save_filter_record(int64_t id, const at::Tensor& t) {
+    manager_->save_filters().get(id)->record(t);
+  }
   // offloaded, under_min_bytes, largest_under_min_bytes, kept_other (never reset).
   c10::Dict<std::string, int64_t> save_filter_counts(int64_t id) const;
   // expected_bytes, freed_bytes, storages: the storages offloaded since the last reset_record.

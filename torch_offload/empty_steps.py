@@ -11,9 +11,10 @@ class NothingOffloadedWarning(UserWarning):
 
 
 class StepCounts:
-    """What the saved-tensor hooks did with each tensor autograd saved (pack() counts)."""
+    """What the saved-tensor hooks did with each tensor autograd saved: the Python path's counts here,
+    the engine filter's added (pack() counts)."""
 
-    def __init__(self, engine_counts=None):
+    def __init__(self, engine_counts):
         # The engine's counts of the same (a dict, see SaveFilter.counts), added to these.
         self._engine_counts = engine_counts
         self.offloaded = 0
@@ -23,16 +24,13 @@ class StepCounts:
         self.warned = False
 
     def snapshot(self) -> tuple:
-        if self._engine_counts is None:
-            return (self.offloaded, self.under_min_bytes, self.kept_other)
         engine = self._engine_counts()
         return (self.offloaded + engine["offloaded"], self.under_min_bytes + engine["under_min_bytes"],
                 self.kept_other + engine["kept_other"])
 
     def largest_under(self) -> int:
         """The largest tensor kept for being under min_bytes."""
-        engine = self._engine_counts()["largest_under_min_bytes"] if self._engine_counts is not None else 0
-        return max(self.largest_under_min_bytes, engine)
+        return max(self.largest_under_min_bytes, self._engine_counts()["largest_under_min_bytes"])
 
     def warn_if_nothing_offloaded(self, since: tuple, min_bytes: int) -> None:
         offloaded, small, other = (now - before for now, before in zip(self.snapshot(), since))

@@ -1,12 +1,11 @@
 """The engine's decision of which saves one set of save hooks offloads (csrc/save_filter.h), seen
 from Python: its counts, and its record of the storages offloaded since a reset (modules mode's
 report). Saves the engine leaves to the hooks (tensor subclasses such as DTensor, non-strided
-tensors, leaves that may be frozen parameters) are decided in Python and recorded here too."""
-import threading
+tensors, leaves that may be frozen parameters) are decided in Python and recorded in the engine's
+record too."""
 import weakref
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from .dtensors import is_dtensor
 
@@ -25,8 +24,6 @@ class SaveFilter:
         self._record = record
         for t in keep:
             manager.save_filter_keep(self.id, t._local_tensor if is_dtensor(t) else t)
-        self._python_record = {}  # StorageImpl address (pinned by the weak ref) -> (weak ref, bytes)
-        self._lock = threading.Lock()
         weakref.finalize(self, manager.remove_save_filter, self.id)
 
     def counts(self) -> dict:
@@ -36,26 +33,13 @@ class SaveFilter:
 
     def record(self, t: torch.Tensor) -> None:
         """Records the storage of a save offloaded on the hooks' Python path."""
-        if not self._record:
-            return
-        storage = t.untyped_storage()
-        with self._lock:
-            if storage._cdata not in self._python_record:
-                ref = StorageWeakRef(storage)
-                self._python_record[ref.cdata] = (ref, storage.nbytes())
+        if self._record:
+            self._manager.save_filter_record(self.id, t)
 
     def report(self) -> dict:
         """The storages offloaded since the last reset_record: their bytes (expected_bytes), and the
         bytes of those no longer alive (freed_bytes)."""
-        report = dict(self._manager.save_filter_report(self.id))
-        with self._lock:
-            entries = list(self._python_record.values())
-        report["expected_bytes"] += sum(nbytes for _, nbytes in entries)
-        report["freed_bytes"] += sum(nbytes for ref, nbytes in entries if ref.expired())
-        report["storages"] += len(entries)
-        return report
+        return dict(self._manager.save_filter_report(self.id))
 
     def reset_record(self) -> None:
         self._manager.save_filter_reset_record(self.id)
-        with self._lock:
-            self._python_record = {}
