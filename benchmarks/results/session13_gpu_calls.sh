@@ -135,3 +135,11 @@ done
 # size a copy launcher off the forward thread.
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 timeout 200 python3 benchmarks/results/cuda_call_cost.py 200 2>&1 | grep -v -i warn | tee $OUT/cuda_call_cost_h100.log
+
+# ---- .gpu/s13call14.sh (carry build/tests/torch_offload_tests too)
+# Session 13, call 14: after the review (d0feff1: one record of offloaded storages in the engine),
+# the C++ tests with CUDA and the save-hook files' CUDA cases.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$LD_LIBRARY_PATH
+timeout 150 build/tests/torch_offload_tests --gtest_brief=1 > $OUT/gtest_h100_session13_review.log 2>&1; echo "gtest rc=$?"; tail -3 $OUT/gtest_h100_session13_review.log
+(cd python_tests && timeout 250 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_save_filter.py test_activations_dedup.py test_activations.py test_modules.py test_module_presets.py test_keep_on_device.py test_layers.py test_fsdp2.py 2>&1 | tee $OUT/gpu_pytest_cuda_h100_session13_review.log | tail -3)
