@@ -23,7 +23,7 @@ SaveFilter::Decision SaveFilter::kept(int64_t nbytes) {
   return kKeep;
 }
 
-SaveFilter::Decision SaveFilter::decide(const at::Tensor& t) {
+SaveFilter::Decision SaveFilter::decide(const at::Tensor& t, bool not_a_weight) {
   if (!t.defined() || t.layout() != c10::kStrided || t.is_quantized() || t.is_nested() ||
       t.is_conj() || t.is_neg() || t.numel() == 0 || !t.has_storage()) {
     return kCallerDecides;
@@ -38,16 +38,16 @@ SaveFilter::Decision SaveFilter::decide(const at::Tensor& t) {
     counts_.kept_other++;
     return kept(nbytes);
   }
-  if (!op_output) {
-    if (!root.requires_grad()) return kCallerDecides;  // perhaps a frozen nn.Parameter
+  if (!op_output && root.requires_grad()) {
     counts_.kept_other++;  // a leaf that requires grad, or a view of one: a weight
     return kept(nbytes);
   }
-  if (nbytes < min_bytes_) {
+  if (nbytes < min_bytes_) {  // (a small leaf stays whatever it is: no need to ask the caller)
     counts_.under_min_bytes++;
     counts_.largest_under_min_bytes = std::max(counts_.largest_under_min_bytes, nbytes);
     return kept(nbytes);
   }
+  if (!op_output && !not_a_weight) return kLeafWithoutGrad;  // perhaps a frozen nn.Parameter
   counts_.offloaded++;
   record_locked(t);
   return kOffload;

@@ -3,8 +3,10 @@
 // a plain tensor's save costs one op call and no Python): tensors on a kept storage (the model's
 // parameters and buffers), leaves that require grad and views of them (weights) stay on the device,
 // as do tensors under min_bytes; the others go to the deduplicated-save table (saved_regions.h).
-// What the engine cannot tell (a leaf that does not require grad may be a frozen nn.Parameter, a
-// Python notion; non-strided, conjugated, negated and empty tensors) is left to the caller.
+// What the engine cannot tell is left to the caller: whether a leaf that does not require grad
+// (or a view of one) is a frozen nn.Parameter, a Python notion (the caller says it is not with
+// `not_a_weight`, and the engine decides the rest); non-strided, conjugated, negated and empty
+// tensors.
 //
 // A filter also counts what it kept and why (the "nothing offloaded" warning, and the kept_saves /
 // kept_bytes statistics), and can record the storages it offloaded since a reset: modules mode's
@@ -24,7 +26,9 @@ namespace torch_offload {
 
 class SaveFilter {
  public:
-  enum Decision : int64_t { kOffload = 0, kKeep = 1, kCallerDecides = 2 };
+  // kLeafWithoutGrad: a leaf that does not require grad, or a view of one, on no kept storage and
+  // not under min_bytes.
+  enum Decision : int64_t { kOffload = 0, kKeep = 1, kCallerDecides = 2, kLeafWithoutGrad = 3 };
   // Monotonic (never reset): what the warning compares before and after a step.
   struct StepCounts {
     int64_t offloaded = 0;
@@ -43,8 +47,9 @@ class SaveFilter {
   // Saves of t's storage stay on the device (held through a weak reference: no data kept alive).
   void keep(const at::Tensor& t);
   // kOffload: the caller packs t (counted as offloaded, recorded). kKeep: counted as a kept save.
-  // kCallerDecides: nothing counted.
-  Decision decide(const at::Tensor& t);
+  // kCallerDecides, kLeafWithoutGrad: nothing counted. `not_a_weight`: the caller checked that t
+  // is no frozen parameter's view, so a leaf without grad is decided like an op's output.
+  Decision decide(const at::Tensor& t, bool not_a_weight = false);
   // Records t's storage as offloaded (when recording): for the saves the caller decided itself.
   void record(const at::Tensor& t);
 

@@ -24,10 +24,10 @@ at::Tensor offload_pack(const at::Tensor& t, int64_t manager) {
 // tensor is packed as by offload_pack. The save handle is undefined (None in Python) unless the
 // decision is SaveFilter::kOffload.
 std::tuple<at::Tensor, int64_t> offload_pack_filtered(const at::Tensor& t, int64_t manager,
-                                                      int64_t filter) {
+                                                      int64_t filter, bool not_a_weight) {
   at::AutoDispatchBelowADInplaceOrView guard;
   const auto found = torch_offload::find_manager(manager);
-  const auto decision = found->save_filters().get(filter)->decide(t);
+  const auto decision = found->save_filters().get(filter)->decide(t, not_a_weight);
   if (decision != torch_offload::SaveFilter::kOffload) return {at::Tensor(), decision};
   return {found->saved_regions().pack(t), decision};
 }

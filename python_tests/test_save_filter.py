@@ -47,9 +47,37 @@ def test_frozen_parameter_stays_and_a_plain_leaf_is_offloaded_without_keep():
     loss.backward()
     assert torch.equal(scale.grad, reference_scale.grad)
     assert hooks.counts.kept_other == 1  # frozen.weight.t(), on the Python path
-    assert hooks.counts.offloaded >= 1  # x, on the Python path
+    # x: the hooks tell the engine it is no weight, and the engine offloads it (and counts it)
+    assert hooks.counts.offloaded == 0 and hooks.filter.counts()["offloaded"] >= 1
     assert stats["kept_bytes"] == frozen.weight.nbytes
     assert stats["saved_tensors"] == stats["offloaded_saves"] + stats["kept_saves"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_leaves_without_grad_are_decided_by_the_engine_once_the_hooks_rule_out_a_weight(device):
+    # Like rotary embeddings' cos / sin: computed without grad, viewed (unsqueeze) and saved by
+    # several products. The hooks rule out a frozen weight in Python and the engine does the rest:
+    # one shared copy for the views, and a leaf under min_bytes kept without asking.
+    cos = torch.randn(64, 32, device=device)  # 8 KiB, a leaf without grad
+    small = torch.randn(4, device=device)  # 16 bytes
+
+    def loss_of(q):
+        return (q * cos.unsqueeze(0)).sum() + (q.exp() * cos.unsqueeze(0)).sum() + (q[0, :4] * small).sum()
+
+    q = torch.randn(64, 32, device=device, requires_grad=True)
+    reference = q.detach().clone().requires_grad_()
+    loss_of(reference).backward()
+    hooks = torch_offload.offload_activations("all", min_bytes=1024)
+    with hooks:
+        loss = loss_of(q)
+    stats = hooks.stats()
+    loss.backward()
+    assert torch.equal(q.grad, reference.grad)
+    assert hooks.counts.offloaded == 0 and hooks.counts.under_min_bytes == 0  # no Python path
+    engine = hooks.filter.counts()
+    assert engine["offloaded"] == 3  # cos's two views, q.exp()
+    assert engine["under_min_bytes"] == 1 and engine["largest_under_min_bytes"] == small.nbytes
+    assert stats["shared_saves"] == 1  # cos's second view shares its first copy
 
 
 def test_under_min_bytes_warning_names_the_largest_tensor_from_the_engine():
@@ -104,9 +132,13 @@ def test_modules_report_records_each_storage_once_per_forward():
     assert report["expected_bytes"] <= handle.stats()["distinct_bytes_saved"]
 
 
+class _Subclass(torch.Tensor):
+    pass
+
+
 def test_saves_decided_in_python_are_in_the_engines_record():
-    # x, a leaf without grad, takes the Python path; relu's output the engine's: one record.
-    x = torch.randn(8, 32)
+    # x, a tensor subclass, takes the Python path; relu's output the engine's: one record.
+    x = torch.randn(8, 32).as_subclass(_Subclass)
     scale = torch.randn(8, 32, requires_grad=True)
     hooks = torch_offload.offload_activations("all", min_bytes=0, record_offloaded=True)
     with hooks:

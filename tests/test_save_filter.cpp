@@ -67,17 +67,28 @@ TEST(SaveFilterTest, WhatTheEngineCannotTellIsLeftToTheCaller) {
   SaveFilter filter(0, false);
   // A leaf without grad may be a frozen nn.Parameter (a Python notion) or a plain input.
   const torch::Tensor leaf = torch::randn({4, 4});
-  EXPECT_EQ(filter.decide(leaf), SaveFilter::kCallerDecides);
-  EXPECT_EQ(filter.decide(leaf.t()), SaveFilter::kCallerDecides);
+  EXPECT_EQ(filter.decide(leaf), SaveFilter::kLeafWithoutGrad);
+  EXPECT_EQ(filter.decide(leaf.t()), SaveFilter::kLeafWithoutGrad);
   EXPECT_EQ(filter.decide(activation({0})), SaveFilter::kCallerDecides);  // no data
   const torch::Tensor complex = torch::randn({4}, torch::kComplexFloat) * 2;
   EXPECT_EQ(filter.decide(complex.conj()), SaveFilter::kCallerDecides);
   EXPECT_EQ(filter.decide(activation({4, 4}).to_sparse()), SaveFilter::kCallerDecides);
   const SaveFilter::StepCounts counts = filter.step_counts();
   EXPECT_EQ(counts.offloaded + counts.kept_other + counts.under_min_bytes, 0);
-  // A frozen weight on a kept storage is the engine's to keep.
+  // Told that the leaf is no weight, the engine decides it like an op's output: offloaded, or kept
+  // under min_bytes, and counted either way. Saying so changes nothing for the tensors above.
+  EXPECT_EQ(filter.decide(leaf.t(), /*not_a_weight=*/true), SaveFilter::kOffload);
+  EXPECT_EQ(filter.decide(complex.conj(), true), SaveFilter::kCallerDecides);
+  EXPECT_EQ(filter.step_counts().offloaded, 1);
+  // A leaf under min_bytes stays whatever it is: the engine keeps it without asking.
+  SaveFilter small_kept(1024, false);
+  EXPECT_EQ(small_kept.decide(leaf), SaveFilter::kKeep);  // 64 bytes
+  EXPECT_EQ(small_kept.decide(leaf.t(), true), SaveFilter::kKeep);
+  EXPECT_EQ(small_kept.step_counts().under_min_bytes, 2);
+  // A frozen weight on a kept storage is the engine's to keep, told or not.
   filter.keep(leaf);
   EXPECT_EQ(filter.decide(leaf.t()), SaveFilter::kKeep);
+  EXPECT_EQ(filter.decide(leaf.t(), true), SaveFilter::kKeep);
 }
 
 TEST(SaveFilterTest, RecordsEachOffloadedStorageOnceAndSeesItFreed) {
@@ -96,10 +107,14 @@ TEST(SaveFilterTest, RecordsEachOffloadedStorageOnceAndSeesItFreed) {
   EXPECT_EQ(report.freed_bytes, 8 * 8 * 4);
   // A save the caller decided (a plain leaf without grad) is recorded through record().
   const torch::Tensor leaf = torch::randn({2, 8});
-  EXPECT_EQ(filter.decide(leaf), SaveFilter::kCallerDecides);
+  EXPECT_EQ(filter.decide(leaf), SaveFilter::kLeafWithoutGrad);
   filter.record(leaf);
   filter.record(leaf.t());
   EXPECT_EQ(filter.report().storages, 3);
+  // Told that a leaf is no weight, the filter records it itself.
+  const torch::Tensor input = torch::randn({3, 8});
+  EXPECT_EQ(filter.decide(input, /*not_a_weight=*/true), SaveFilter::kOffload);
+  EXPECT_EQ(filter.report().storages, 4);
   filter.reset_record();
   EXPECT_EQ(filter.report().storages, 0);
 }

@@ -30,7 +30,7 @@ from .empty_steps import StepCounts
 from .manager import OffloadManager, register_stats_source
 from .manager import reset_stats as manager_reset_stats
 from .manager import stats as manager_stats
-from .save_filter import KEEP, SaveFilter
+from .save_filter import KEEP, LEAF_WITHOUT_GRAD, SaveFilter
 from .saved_regions import SavedRegions, SavedView, SaveCounters, compact_layout, rebuild_layout
 
 MODE_ALIASES = {"all": "all", "true": "all", "sync": "sync", "legacy": "sync", "disk": "disk"}
@@ -173,9 +173,10 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         # Storages that stay resident whatever views of them autograd saves (model weights, buffers):
         # here for the Python path, in the engine's filter for the others.
         kept = kept_storages(keep)
-        # The engine decides for plain tensors (one op call per save); this Python path takes the
-        # rest (tensor subclasses, non-strided tensors, leaves that may be frozen parameters) and
-        # every save while layer offloading has weights installed (weight_tokens).
+        # The engine decides for plain tensors (one op call per save; two for a leaf without grad,
+        # once Python ruled out a frozen parameter); this Python path takes the rest (tensor
+        # subclasses, non-strided tensors, frozen parameters) and every save while layer offloading
+        # has weights installed (weight_tokens).
         self.filter = save_filter = SaveFilter(manager, min_bytes, keep, record=record_offloaded)
         filter_id = save_filter.id
         self.counts = counts = StepCounts(engine_counts=save_filter.counts)
@@ -244,6 +245,8 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
             if type(t) is torch.Tensor and not weight_tokens.installed():  # the usual case
                 try:
                     save, decision = offload_pack_filtered(t, manager_id, filter_id)
+                    if decision == LEAF_WITHOUT_GRAD and not _is_weight(t):  # e.g. rotary cos / sin
+                        save, decision = offload_pack_filtered(t, manager_id, filter_id, True)
                 except RuntimeError as error:
                     node_budget.name_in_error(error, manager_id)
                     raise

@@ -1,16 +1,19 @@
 """The engine's decision of which saves one set of save hooks offloads (csrc/save_filter.h), seen
 from Python: its counts, and its record of the storages offloaded since a reset (modules mode's
-report). Saves the engine leaves to the hooks (tensor subclasses such as DTensor, non-strided
-tensors, leaves that may be frozen parameters) are decided in Python and recorded in the engine's
-record too."""
+report). For a leaf that does not require grad (or a view of one) the engine asks whether it is a
+frozen parameter, a Python notion; told it is not, it decides it like any activation (a second op
+call, LEAF_WITHOUT_GRAD), otherwise the hooks keep it. Saves the engine leaves to the hooks (tensor
+subclasses such as DTensor, non-strided tensors, frozen parameters) are decided in Python and
+recorded in the engine's record too."""
 import weakref
 
 import torch
 
 from .dtensors import is_dtensor
 
-# offload_pack_filtered's decisions
-OFFLOAD, KEEP, CALLER_DECIDES = 0, 1, 2
+# offload_pack_filtered's decisions (LEAF_WITHOUT_GRAD: a leaf that does not require grad or a
+# view of one; called again with not_a_weight=True, the engine decides it like an op's output)
+OFFLOAD, KEEP, CALLER_DECIDES, LEAF_WITHOUT_GRAD = 0, 1, 2, 3
 
 
 class SaveFilter:
