@@ -12,6 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "compute_wait_timer.h"
+
 namespace torch_offload {
 namespace {
 
@@ -153,38 +155,12 @@ class CudaTransfer final : public DeviceTransfer {
     const c10::DeviceIndex index =
         device.has_index() ? device.index() : c10::cuda::current_device();
     c10::cuda::CUDAGuard guard(index);
-    auto compute = at::cuda::getCurrentCUDAStream(index);
-    // Timing events around the wait measure how long the compute stream sat idle on the copy.
-    auto start = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
-    auto end = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
-    start->record(compute);
-    cuda_fence.event.block(compute);
-    end->record(compute);
-    std::lock_guard<std::mutex> lock(mutex_);
-    pending_waits_.emplace_back(std::move(start), std::move(end));
+    wait_timer_.wait(at::cuda::getCurrentCUDAStream(index), cuda_fence.event);
   }
 
-  double compute_wait_ms() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<
-        std::pair<std::shared_ptr<at::cuda::CUDAEvent>, std::shared_ptr<at::cuda::CUDAEvent>>>
-        still_pending;
-    for (auto& [start, end] : pending_waits_) {
-      if (end->query()) {
-        waited_ms_ += start->elapsed_time(*end);
-      } else {
-        still_pending.emplace_back(start, end);
-      }
-    }
-    pending_waits_.swap(still_pending);
-    return waited_ms_;
-  }
+  double compute_wait_ms() override { return wait_timer_.waited_ms(); }
 
-  void reset_compute_wait() override {
-    compute_wait_ms();
-    std::lock_guard<std::mutex> lock(mutex_);
-    waited_ms_ = 0.0;
-  }
+  void reset_compute_wait() override { wait_timer_.reset(); }
 
  private:
   struct Streams {
@@ -209,9 +185,7 @@ class CudaTransfer final : public DeviceTransfer {
 
   std::mutex mutex_;
   std::unordered_map<c10::DeviceIndex, Streams> streams_;
-  std::vector<std::pair<std::shared_ptr<at::cuda::CUDAEvent>, std::shared_ptr<at::cuda::CUDAEvent>>>
-      pending_waits_;
-  double waited_ms_ = 0.0;
+  ComputeWaitTimer wait_timer_;
 };
 
 bool cuda_device_present() {
