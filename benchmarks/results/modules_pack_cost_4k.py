@@ -1,8 +1,9 @@
 """Host time of each save-hook op call in a 4k modules `*.self_attn` training step (issue 13): the
 ops offload_pack_filtered and offload_unpack are wrapped with a timer (the wrapper's own cost, about
 a microsecond, is inside the figures). Pack calls are split into those that made a new host copy,
-those that shared one, and those the filter kept; unpacks into those that restored their copy and
-those that shared a restore. Medians and totals per step, over STEPS steps after two warm-up steps.
+those that shared one, those the filter kept, and leaves without grad the hooks were asked about
+(their second call, after the hooks said "no weight", is counted with the others); unpacks into
+those that restored their copy and those that shared a restore. Medians and totals per step, over STEPS steps after two warm-up steps.
 
 python3 benchmarks/results/modules_pack_cost_4k.py [SEQ] [STEPS]"""
 import json
@@ -16,6 +17,7 @@ import torch
 sys.path.insert(0, ".")
 import torch_offload  # noqa: E402
 from torch_offload import activations  # noqa: E402
+from torch_offload.save_filter import LEAF_WITHOUT_GRAD  # noqa: E402
 from benchmarks.common import REFERENCE, TINY, build_llama, sync  # noqa: E402
 
 warnings.simplefilter("ignore", torch_offload.NothingOffloadedWarning)
@@ -25,17 +27,18 @@ shape, device = (REFERENCE, "cuda") if torch.cuda.is_available() else (TINY, "cp
 model = build_llama(shape, device, seq)
 ids = torch.randint(0, shape["vocab"], (1, seq), device=device)
 
-calls = {"pack_copy": [], "pack_shared": [], "pack_kept": [], "unpack_restore": [], "unpack_shared": []}
+calls = {"pack_copy": [], "pack_shared": [], "pack_kept": [], "pack_leaf_asked": [], "unpack_restore": [],
+         "unpack_shared": []}
 seen_copies, seen_restores = set(), set()
 pack_op, unpack_op = activations.offload_pack_filtered, activations.offload_unpack
 
 
-def timed_pack(t, manager, filter_id):
+def timed_pack(t, manager, filter_id, *not_a_weight):
     start = time.perf_counter()
-    save, decision = pack_op(t, manager, filter_id)
+    save, decision = pack_op(t, manager, filter_id, *not_a_weight)
     elapsed = time.perf_counter() - start
-    if save is None:
-        calls["pack_kept"].append(elapsed)
+    if save is None:  # kept, or a leaf without grad the hooks are asked about (a second call follows)
+        calls["pack_leaf_asked" if decision == LEAF_WITHOUT_GRAD else "pack_kept"].append(elapsed)
     else:
         buffer = save.untyped_storage().data_ptr()
         calls["pack_shared" if buffer in seen_copies else "pack_copy"].append(elapsed)
