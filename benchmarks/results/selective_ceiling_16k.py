@@ -1,8 +1,8 @@
-"""The most that selective "attention" (keep the SDPA outputs instead of recomputing them) can gain
-over checkpointing at 16k (issue 10): in checkpointing's step, the recompute's SDPA forward kernels
-are the only work the policy removes (its backward still recomputes every other op), so the step
-can at best shrink by their time. Read from one checkpointing step's GPU timeline (step_trace.py,
-session 13): the ratio span / (span - recompute SDPA forward time).
+"""What selective "attention" (keep the SDPA outputs instead of recomputing them) can be expected to
+gain over checkpointing at 16k (issue 10): in checkpointing's step, the recompute's SDPA forward
+kernels are the only work the policy removes (its backward still recomputes every other op), so the
+step shrinks by about their time (single steps scatter by 1-2% around that). Read from one
+checkpointing step's GPU timeline (step_trace.py, session 13): span / (span - recompute SDPA time).
 
 python3 benchmarks/results/selective_ceiling_16k.py [TRACE]"""
 import gzip
