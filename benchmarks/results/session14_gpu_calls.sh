@@ -6,7 +6,8 @@
 # bound on prefetch, OffloadManager(prefetch_bytes=), since dropped); calls 2-3 on fb80642 (call 2's tree
 # asked about leaves under min_bytes too); calls 4-5 on 324f5d7. Call 4's .gpu/notime library was 324f5d7
 # with one line changed in CudaTransfer::compute_waits_for: `cuda_fence.event.block(compute stream)`
-# instead of `wait_timer_.wait(...)` (untimed waits).
+# instead of `wait_timer_.wait(...)` (untimed waits). Call 6 ran 324f5d7 plus
+# benchmarks/results/session14_call6_copy_pool.patch (build/), against 324f5d7 itself (.gpu/head).
 OUT=${1:?}
 
 # ---- .gpu/s14call1.sh
@@ -79,3 +80,32 @@ timeout 200 python3 benchmarks/bench_activations.py --out $OUT/noise --seqs 4096
 cp $OUT/mod/modules_h100.md $OUT/modules_final_session14_warmup5_h100.md; cp $OUT/mod/modules_h100.json $OUT/modules_final_session14_warmup5_h100.json
 for f in $OUT/noise/*; do cp $f $OUT/noise_final_session14_4k_$(basename $f | sed 's/^activations_//'); done
 rm -rf $OUT/mod $OUT/noise
+
+# ---- .gpu/s14call6.sh
+# Session 14, call 6: restored tensors allocated from the copy stream's pool (the copy starts when
+# issued; the compute stream recorded as the block's user), against 324f5d7 (.gpu/head) where they
+# came from the compute stream's pool and each copy first waited for the compute stream to reach
+# its issue point. Per step compute wait at 4k; modules at 4k and 16k in alternating processes;
+# hidden_states against checkpointing at 16k per build; then the C++ tests with CUDA and the CUDA
+# cases of the save-hook and checkpoint files (issues 13, 10).
+export PYTHONUNBUFFERED=1
+ROOT=$PWD
+side() { TORCH_OFFLOAD_LIBRARY=$ROOT/build/libtorch_offload.so PYTHONPATH=$ROOT "$@"; }
+head_() { TORCH_OFFLOAD_LIBRARY=$ROOT/.gpu/head/libtorch_offload.so PYTHONPATH=$ROOT "$@"; }
+for b in head_ side; do
+  $b timeout 60 python3 benchmarks/results/modules_warmup_4k.py 4096 1 12 2>&1 | grep -v -i warn | sed "s/^/$b /"
+done 2>&1 | tee $OUT/copy_pool_warmup_4k_h100.log | cut -c1-400
+for i in 1 2; do
+  for b in head_ side; do
+    $b timeout 100 python3 benchmarks/bench_modules.py --out $OUT/m_$b$i --seqs 4096,16384 --steps 5 --rounds 3 --warmup 5 2>&1 | grep -E "^\| (4096|16384)" | sed "s/^/$b$i /"
+    python3 -c "import json,sys; r=json.load(open('$OUT/m_$b$i/modules_h100.json')); print('$b$i reserved', [(x['seq'], x['variant'][:7], round(x['peak_reserved_GB'],2), round((x.get('stats') or {}).get('compute_wait_ms',0),1)) for x in r['runs']])"
+  done
+done 2>&1 | tee $OUT/copy_pool_ab_h100.log
+rm -rf $OUT/m_*
+for b in head_ side; do
+  $b timeout 80 python3 benchmarks/bench_selective.py --out $OUT/s_$b --seqs 16384 --rounds 3 --steps 3 --warmup 1 --variants ckpt,hidden 2>&1 | grep -E "^\| 16384" | sed "s/^/$b /"
+done 2>&1 | tee $OUT/copy_pool_hidden_16k_h100.log
+rm -rf $OUT/s_*
+export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$ROOT/build:$LD_LIBRARY_PATH
+timeout 150 .gpu/bin/torch_offload_tests --gtest_brief=1 > $OUT/gtest_h100_session14_copy_pool.log 2>&1; echo "gtest rc=$?"; tail -3 $OUT/gtest_h100_session14_copy_pool.log
+(cd python_tests && side timeout 240 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_save_filter.py test_activations_dedup.py test_activations.py test_modules.py test_keep_on_device.py test_layers.py test_checkpoint.py test_ops.py test_peak_memory_bound.py 2>&1 | tee $OUT/gpu_pytest_cuda_h100_session14_copy_pool.log | tail -3)
