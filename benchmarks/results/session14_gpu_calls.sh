@@ -109,3 +109,14 @@ rm -rf $OUT/s_*
 export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$ROOT/build:$LD_LIBRARY_PATH
 timeout 150 .gpu/bin/torch_offload_tests --gtest_brief=1 > $OUT/gtest_h100_session14_copy_pool.log 2>&1; echo "gtest rc=$?"; tail -3 $OUT/gtest_h100_session14_copy_pool.log
 (cd python_tests && side timeout 240 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_save_filter.py test_activations_dedup.py test_activations.py test_modules.py test_keep_on_device.py test_layers.py test_checkpoint.py test_ops.py test_peak_memory_bound.py 2>&1 | tee $OUT/gpu_pytest_cuda_h100_session14_copy_pool.log | tail -3)
+
+# ---- .gpu/s14call7.sh
+# Session 14, call 7 (issue 13): the final build (324f5d7's library; the commits since change results
+# only): modules *.self_attn at 4k in 5 separate processes, 3 rounds of 5 steps after 5 warm-up steps
+# each, for the spread between processes.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+for i in 1 2 3 4 5; do
+  timeout 80 python3 benchmarks/bench_modules.py --out $OUT/p$i --seqs 4096 --steps 5 --rounds 3 --warmup 5 2>&1 | grep -E "^\| 4096" | sed "s/^/process$i /"
+  python3 -c "import json; r=json.load(open('$OUT/p$i/modules_h100.json')); rr=r['round_runs']; print('process$i rounds', [round(m['step_s']/n['step_s'],3) for n,m in zip(rr[0::2], rr[1::2])])"
+done 2>&1 | tee $OUT/modules_processes_4k_h100.log
+rm -rf $OUT/p?
