@@ -6,7 +6,7 @@ void ComputeWaitTimer::wait(const c10::cuda::CUDAStream& compute, at::cuda::CUDA
   std::unique_ptr<Pair> pair;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (pending_.size() >= kReadBackAbove) read_back_locked();
+    if (pending_.size() >= kReadBackAbove) read_back_locked(/*oldest_only=*/true);
     std::vector<std::unique_ptr<Pair>>& spare = spare_[compute.device_index()];
     if (!spare.empty()) {
       pair = std::move(spare.back());
@@ -21,18 +21,29 @@ void ComputeWaitTimer::wait(const c10::cuda::CUDAStream& compute, at::cuda::CUDA
   pending_.push_back(std::move(pair));
 }
 
-void ComputeWaitTimer::read_back_locked() {
+void ComputeWaitTimer::read_back_locked(bool oldest_only) {
+  if (oldest_only) {
+    while (!pending_.empty() && pending_.front()->end.query()) {
+      retire_locked(std::move(pending_.front()));
+      pending_.pop_front();
+    }
+    return;
+  }
   // Every pending pair whose end has completed; the others stay in order.
   std::deque<std::unique_ptr<Pair>> still_pending;
   for (auto& pair : pending_) {
     if (pair->end.query()) {
-      waited_ms_ += pair->start.elapsed_time(pair->end);
-      spare_[pair->end.device_index()].push_back(std::move(pair));
+      retire_locked(std::move(pair));
     } else {
       still_pending.push_back(std::move(pair));
     }
   }
   pending_.swap(still_pending);
+}
+
+void ComputeWaitTimer::retire_locked(std::unique_ptr<Pair> pair) {
+  waited_ms_ += pair->start.elapsed_time(pair->end);
+  spare_[pair->end.device_index()].push_back(std::move(pair));
 }
 
 double ComputeWaitTimer::waited_ms() {

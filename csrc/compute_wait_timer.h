@@ -31,7 +31,12 @@ class ComputeWaitTimer {
   };
   // Read back once this many waits are pending: more than one backward's restores in flight.
   static constexpr size_t kReadBackAbove = 256;
-  void read_back_locked();
+  // Reads back the completed pairs. On the hot path (`oldest_only`) it stops at the first pair
+  // still pending: waits on one compute stream complete in order, so the scan costs one query per
+  // completed pair instead of one per pending pair.
+  void read_back_locked(bool oldest_only = false);
+  // Adds a completed pair's time and keeps the pair for reuse.
+  void retire_locked(std::unique_ptr<Pair> pair);
 
   std::mutex mutex_;
   std::deque<std::unique_ptr<Pair>> pending_;  // in the order recorded

@@ -34,12 +34,9 @@ SaveFilter::Decision SaveFilter::decide(const at::Tensor& t, bool not_a_weight) 
   const at::TensorBase root = t.is_view() ? t._base() : t;
   const bool op_output = root.grad_fn() != nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!kept_.empty() && kept_.count(storage) != 0) {
+  // A kept storage, or a leaf that requires grad or a view of one (a weight).
+  if ((!kept_.empty() && kept_.count(storage) != 0) || (!op_output && root.requires_grad())) {
     counts_.kept_other++;
-    return kept(nbytes);
-  }
-  if (!op_output && root.requires_grad()) {
-    counts_.kept_other++;  // a leaf that requires grad, or a view of one: a weight
     return kept(nbytes);
   }
   if (nbytes < min_bytes_) {  // (a small leaf stays whatever it is: no need to ask the caller)
