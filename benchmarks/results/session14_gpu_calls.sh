@@ -120,3 +120,14 @@ for i in 1 2 3 4 5; do
   python3 -c "import json; r=json.load(open('$OUT/p$i/modules_h100.json')); rr=r['round_runs']; print('process$i rounds', [round(m['step_s']/n['step_s'],3) for n,m in zip(rr[0::2], rr[1::2])])"
 done 2>&1 | tee $OUT/modules_processes_4k_h100.log
 rm -rf $OUT/p?
+
+# ---- .gpu/s14call8.sh
+# Session 14, call 8, after the review: the compute-wait timer reads back its oldest pairs only on
+# the hot path; the save filter's two kept branches merged. C++ tests with CUDA, the save-hook
+# files' CUDA cases, and the 4k modules step's compute wait per step.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+ROOT=$PWD
+(export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$ROOT/build:$LD_LIBRARY_PATH
+ timeout 150 .gpu/bin/torch_offload_tests --gtest_brief=1 > $OUT/gtest_h100_session14_review.log 2>&1; echo "gtest rc=$?"; tail -3 $OUT/gtest_h100_session14_review.log)
+(cd python_tests && timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_save_filter.py test_activations_dedup.py test_activations.py test_modules.py test_keep_on_device.py 2>&1 | tee $OUT/gpu_pytest_cuda_h100_session14_review.log | tail -3)
+timeout 60 python3 benchmarks/results/modules_warmup_4k.py 4096 1 12 2>&1 | grep -v -i warn | tee $OUT/modules_warmup_4k_review_h100.log | cut -c1-600
