@@ -143,6 +143,22 @@ def test_offloaded_values_come_back_with_sizes_strides_and_dtype(make):
     assert restored.shape == value.shape and restored.stride() == value.stride() and torch.equal(restored, value)
 
 
+def test_layouts_seen_before_come_back_alike():
+    # The recipe of each layout is worked out once (saved_regions.compact_recipe): a second tensor of
+    # the same sizes and strides, and one of the same sizes with other strides, come back exactly.
+    from torch_offload.selective import _Offloaded
+
+    offloaded = _Offloaded(torch_offload.OffloadManager(), min_bytes=0)
+    values = [torch.randn(4, 6, 8).transpose(0, 1) for _ in range(2)] + [torch.randn(8, 4, 6).permute(2, 1, 0),
+                                                                          torch.randn(6, 4, 16)[:, :, ::2],
+                                                                          torch.randn(6, 4, 8)]
+    for value in values:
+        offloaded.save("op", value)
+    for value in values:
+        restored = offloaded.restore("op")
+        assert restored.stride() == value.stride() and torch.equal(restored, value)
+
+
 def test_outputs_below_min_bytes_stay_on_the_device():
     manager = torch_offload.OffloadManager()
     block = AttentionBlock()

@@ -6,8 +6,9 @@ two Python dispatch modes so that the policy can pick out the one op that matter
 microseconds per op, which cost 50% of the step at 4k tokens on the reference model. This path
 intercepts only that op's caller: while a block checkpointed by us runs, the module attribute
 torch.nn.functional.scaled_dot_product_attention is a wrapper, and inside that one call the same
-offload mode as the policy path (selective._OffloadMode) offloads the fused kernel's outputs in
-forward and returns them restored in the recompute. Every other op runs at full speed, and the rest
+offload store as the policy path (selective._Offloaded) takes the fused kernel's outputs in forward
+(a dispatch mode entered for that call only, _FusedOutputs) and returns them restored in the
+recompute. Every other op runs at full speed, and the rest
 of the block is recomputed as under plain checkpointing.
 
 "attention+<group>+...": the products of the block's Linear modules in those module presets are
@@ -35,10 +36,12 @@ import threading
 import warnings
 import weakref
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import policies
 from .module_presets import PRESETS, preset_modules
@@ -117,7 +120,7 @@ def _offloading_linear(input, weight, bias=None):
             with scope.keep_mode:
                 out = _LINEAR.torch_fn(input, weight, bias)
             if not scope.is_recompute:
-                scope.keep_mode.offloaded.watch(out)
+                scope.keep_mode.store.watch(out)
             return out
     return _LINEAR.torch_fn(input, weight, bias)
 
@@ -125,8 +128,24 @@ def _offloading_linear(input, weight, bias=None):
 _SDPA.wrapper, _LINEAR.wrapper = _offloading_sdpa, _offloading_linear
 
 
-def _offload_matmuls(ctx, op, *args, **kwargs):
-    return CheckpointPolicy.MUST_CPU_OFFLOAD if op in _MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
+class _FusedOutputs(TorchDispatchMode):
+    """Entered around one intercepted call: in forward the outputs of `ops` go to `store`
+    (selective._Offloaded or _Kept); in the recompute they come back from it and the op does not run.
+    Any other op passes through. No policy call, no SAC bookkeeping: this runs once per intercepted
+    call, so it is kept to a set lookup (selective._OffloadMode is the general, per-op one)."""
+
+    def __init__(self, ops: frozenset, store, is_recompute: bool):
+        super().__init__()
+        self.ops, self.store, self.is_recompute = ops, store, is_recompute
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func not in self.ops:
+            return func(*args, **(kwargs or {}))
+        if self.is_recompute:
+            return self.store.restore(func)
+        out = func(*args, **(kwargs or {}))
+        self.store.save(func, out)
+        return out
 
 
 def projection_groups(policy):
@@ -134,6 +153,11 @@ def projection_groups(policy):
     out_proj), or None when `policy` is not such a name. Raises ValueError for an unknown group."""
     if not isinstance(policy, str):
         return None
+    return _parse_named(policy)
+
+
+@functools.lru_cache(maxsize=256)  # asked on every checkpointed call: parse each name once
+def _parse_named(policy: str):
     head, *groups = _ALIASES.get(policy, policy).split("+")
     if head != "attention" or (policy != "attention" and not groups):
         return None
@@ -196,11 +220,9 @@ class _Scope:
     """The forward or the recompute run of one checkpointed block."""
 
     def __init__(self, offloaded, is_recompute: bool, projection_weights: tuple, kept=None, kept_weights: tuple = ()):
-        from .selective import _OffloadMode  # selective imports this module
-
-        self.attention_mode = _OffloadMode(policies.attention, offloaded, is_recompute)
-        self.matmul_mode = _OffloadMode(_offload_matmuls, offloaded, is_recompute)
-        self.keep_mode = _OffloadMode(_offload_matmuls, kept, is_recompute) if kept_weights else None
+        self.attention_mode = _FusedOutputs(policies.ATTENTION_OPS, offloaded, is_recompute)
+        self.matmul_mode = _FusedOutputs(_MATMULS, offloaded, is_recompute) if projection_weights else None
+        self.keep_mode = _FusedOutputs(_MATMULS, kept, is_recompute) if kept_weights else None
         self.projection_weights, self.kept_weights = projection_weights, kept_weights
         self.is_recompute = is_recompute
         self.calls = 0

@@ -45,6 +45,33 @@ def compact_layout(t: torch.Tensor):
     return t, permutation, expanded_sizes
 
 
+_recipes = {}  # (sizes, strides) -> compact_recipe's answer: a model saves the same few layouts every step
+
+
+def compact_recipe(t: torch.Tensor):
+    """compact_layout's (permutation, expanded_sizes) for t's sizes and strides, and whether
+    rebuild_layout gives those strides back exactly; worked out once per layout, on meta tensors."""
+    key = (t.shape, t.stride())
+    recipe = _recipes.get(key)
+    if recipe is None:
+        source, permutation, expanded_sizes = compact_layout(torch.empty_strided(t.shape, t.stride(), device="meta"))
+        rebuilt = rebuild_layout(torch.empty(source.shape, device="meta"), permutation, expanded_sizes)
+        recipe = (permutation, expanded_sizes, (rebuilt.shape, rebuilt.stride()) == key)
+        if len(_recipes) >= 4096:  # bounded: shapes that change every step (varying lengths)
+            _recipes.clear()
+        _recipes[key] = recipe
+    return recipe
+
+
+def compact_with(t: torch.Tensor, permutation, expanded_sizes) -> torch.Tensor:
+    """compact_layout's tensor, from t's recipe (compact_recipe)."""
+    if expanded_sizes is not None:
+        for dim, (s, n) in enumerate(zip(t.stride(), t.shape)):
+            if s == 0 and n > 1:
+                t = t.narrow(dim, 0, 1)
+    return t.permute(permutation) if permutation is not None else t
+
+
 def rebuild_layout(restored: torch.Tensor, permutation, expanded_sizes) -> torch.Tensor:
     if permutation is not None:
         restored = restored.permute(inverse_permutation(permutation))

@@ -22,12 +22,13 @@ from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, Selective
                                     create_selective_checkpoint_contexts)
 
 from ._ops import offload_restore, offload_save
-from .activations import _compact, _Packed, _rebuild
+from .activations import _Packed, _rebuild
 from .attention_offload import (attention_offload_contexts, is_fast_policy, projection_groups, projection_weights,
                                 split_kept)
 from .checkpoint import checkpoint as offload_checkpoint
 from .manager import default_manager
 from .policies import resolve
+from .saved_regions import compact_recipe, compact_with
 from .reentrant import reentrant_checkpoint
 
 _OFFLOAD = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
@@ -50,8 +51,11 @@ class _Offloaded:
         return decision if decision is not None else CheckpointPolicy.PREFER_RECOMPUTE
 
     def save(self, op, out):
-        with _disable_current_modes():
-            self.calls[op].append(tree_map(self._pack, out))
+        if torch._C._len_torch_dispatch_stack():  # modes below ours (torch's SAC) must not see our ops
+            with _disable_current_modes():
+                self.calls[op].append(self._map(self._pack, out))
+        else:
+            self.calls[op].append(self._map(self._pack, out))
 
     def restore(self, op):
         calls = self.calls.get(op)
@@ -61,8 +65,18 @@ class _Offloaded:
         if not calls:
             raise RuntimeError("torch_offload selective offload: trying to backward an extra time; a region "
                                "under selective checkpointing can be backpropagated once")
-        with _disable_current_modes():
-            return tree_map(self._unpack, calls.pop(0))
+        if torch._C._len_torch_dispatch_stack():
+            with _disable_current_modes():
+                return self._map(self._unpack, calls.pop(0))
+        return self._map(self._unpack, calls.pop(0))
+
+    @staticmethod
+    def _map(fn, out):
+        # An op returns a tensor or a flat tuple (the fused attention ops: tensors and ints); the
+        # generic tree_map costs more than the rest of the save.
+        if type(out) is tuple:
+            return tuple(fn(value) for value in out)
+        return fn(out) if isinstance(out, torch.Tensor) else tree_map(fn, out)
 
     def _pack(self, value):
         if not isinstance(value, torch.Tensor):
@@ -71,13 +85,12 @@ class _Offloaded:
             return value.detach()
         if value.is_contiguous():  # the common case: restored as it is
             return _Held(_Packed(offload_save(value, self.manager_id), value.device, None, None), None)
-        source, permutation, expanded_sizes = _compact(value)
-        packed = _Packed(offload_save(source, self.manager_id), value.device, permutation, expanded_sizes)
         # A layout that is neither dense nor a permutation of dense comes back contiguous from
-        # _rebuild: remember the strides to restore them.
-        probe = _rebuild(torch.empty(source.shape, dtype=value.dtype, device="meta"), packed)  # the restored copy is contiguous
-        layout = (value.shape, value.stride())
-        return _Held(packed, None if (probe.shape, probe.stride()) == layout else layout)
+        # _rebuild: then the strides are remembered, to restore them.
+        permutation, expanded_sizes, exact = compact_recipe(value)
+        source = compact_with(value, permutation, expanded_sizes)
+        packed = _Packed(offload_save(source, self.manager_id), value.device, permutation, expanded_sizes)
+        return _Held(packed, None if exact else (value.shape, value.stride()))
 
     def _unpack(self, value):
         if not isinstance(value, _Held):
