@@ -231,22 +231,28 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
                 node_budget.name_in_error(error, manager_id)
                 raise
 
+        def count_kept(t: torch.Tensor) -> torch.Tensor:
+            local = t.to_local() if _is_dtensor(t) else t
+            counters.add(saved_tensors=1, kept_saves=1, kept_bytes=local.numel() * local.element_size())
+            return t
+
         def python_pack(t: torch.Tensor):
             token = weight_tokens.pack(t)
             if token is not None:  # a frozen weight of an offloaded layer: fetched again in backward
                 return token
             packed = pack_local(t)
-            if isinstance(packed, torch.Tensor):  # (offload() counted the others)
-                local = t.to_local() if _is_dtensor(t) else t
-                counters.add(saved_tensors=1, kept_saves=1, kept_bytes=local.numel() * local.element_size())
-            return packed
+            # (offload() counted the others)
+            return count_kept(packed) if isinstance(packed, torch.Tensor) else packed
 
         def pack(t: torch.Tensor):
             if type(t) is torch.Tensor and not weight_tokens.installed():  # the usual case
                 try:
                     save, decision = offload_pack_filtered(t, manager_id, filter_id)
-                    if decision == LEAF_WITHOUT_GRAD and not _is_weight(t):  # e.g. rotary cos / sin
-                        save, decision = offload_pack_filtered(t, manager_id, filter_id, True)
+                    if decision == LEAF_WITHOUT_GRAD:
+                        if _is_weight(t):  # a frozen parameter outside `keep` (FSDP2's unsharded ones)
+                            counts.kept_other += 1
+                            return count_kept(t)
+                        save, decision = offload_pack_filtered(t, manager_id, filter_id, True)  # rotary cos / sin
                 except RuntimeError as error:
                     node_budget.name_in_error(error, manager_id)
                     raise
