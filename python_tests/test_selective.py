@@ -256,6 +256,39 @@ def test_attention_by_name_runs_without_a_mode_per_op_and_matches_the_policy_fun
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention  # put back
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_by_name_under_a_users_dispatch_mode(device):
+    # The intercepted call's mode hides the attention outputs' offload and every restore from a mode
+    # the user entered around training (a FLOP counter, a tracer): it sees the model's ops and the
+    # block inputs' saves (made outside the checkpoint), and the gradients do not change.
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recording(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func] += 1
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(2, 16, 32, device=device)
+    plain_blocks, blocks = _stack(device, 0.0), _stack(device, 0.0)
+    manager = torch_offload.OffloadManager()
+    _train(plain_blocks, x, lambda b, h: torch_checkpoint(b, h, use_reentrant=False))
+    recording = Recording()
+    with recording:
+        _train(blocks, x, lambda b, h: torch_offload.selective_checkpoint(b, h, manager=manager, min_bytes=0))
+    assert_same_grads(plain_blocks, blocks)
+    offload_ops = {str(op): n for op, n in recording.ops.items() if op.namespace == "offload"}
+    assert offload_ops == {"offload.offload_save.default": 3}  # the 3 block inputs
+    assert recording.ops[torch.ops.aten.mm.default] > 0
+    stats = manager.stats()
+    assert stats["saves"] == stats["restores"] == 3 * 3  # each block's input, attention output, logsumexp
+
+
 def test_attention_by_name_leaves_other_threads_sdpa_alone():
     import threading
 
