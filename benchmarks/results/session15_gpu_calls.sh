@@ -79,3 +79,21 @@ ROOT=$PWD
 (cd python_tests && TORCH_OFFLOAD_COPY_THREAD=1 timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_activations.py test_activations_dedup.py test_modules.py test_save_filter.py test_selective.py test_checkpoint.py test_keep_on_device.py 2>&1 | tee $OUT/gpu_pytest_cuda_h100_session15_launcher.log | tail -3)
 timeout 280 python3 benchmarks/results/copy_thread_ab.py 4096 6 modules,hidden_states,selective 2>&1 | grep -v -i warn | tee $OUT/copy_thread_ab_4k_h100.log
 timeout 120 python3 benchmarks/results/copy_thread_ab.py 16384 2 modules 2>&1 | grep -v -i warn | tee $OUT/copy_thread_ab_16k_h100.log
+
+### call 9
+# Session 15, call 9: issue 10, hidden_states' 1% at 16k: does the caching allocator go to the driver
+# during its steps (device allocations, frees, retries) where checkpointing does not?
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 240 python3 benchmarks/results/allocator_events_16k.py 16384 2 2>&1 | grep -v -i warn | tee $OUT/allocator_events_16k_h100.log
+
+### call 10
+# Session 15, call 10: issue 10, hidden_states at 16k with the in-flight bound at 4 (default), 16 and
+# unbounded, beside checkpointing, 4 interleaved rounds in one process.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 400 python3 benchmarks/results/allocator_events_16k.py 16384 4 ckpt,hidden_states,hidden_mif16,hidden_mif0 2>&1 | grep -v -i warn | tee $OUT/inflight_bound_16k_h100.log
+
+### call 11
+# Session 15, call 11: issue 10, hidden_states at 16k against itself without copies
+# (keep_on_device_bytes=1e12) and checkpointing, 6 interleaved rounds in one process.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 500 python3 benchmarks/results/allocator_events_16k.py 16384 6 ckpt,hidden_states,hidden_nocopy 2>&1 | grep -v -i warn | tee $OUT/hidden_nocopy_16k_rounds_h100.log

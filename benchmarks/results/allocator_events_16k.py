@@ -1,0 +1,63 @@
+"""Issue 10: does hidden_states make the caching allocator go to the driver during a step (cudaMalloc /
+cudaFree, retries after freeing cached blocks: each synchronizes or stalls the stream) where
+checkpointing does not? And does the in-flight bound's hold on the host (hidden_mifN: max_in_flight=N,
+0 unbounded) matter? Interleaved rounds; per variant and step: the allocator's device allocations,
+frees and retries, the step time, and the manager's compute / host waits.
+
+    python3 benchmarks/results/allocator_events_16k.py [SEQ] [ROUNDS] [VARIANTS]
+"""
+import os, statistics, sys, time
+import torch
+sys.path.insert(0, os.getcwd())
+import torch_offload
+from torch_offload.bench.common import build_llama
+
+seq = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
+rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+variants = (sys.argv[3] if len(sys.argv) > 3 else "ckpt,hidden_states,hidden_nocopy").split(",")
+REF = dict(layers=24, hidden=2048, intermediate=5632, heads=16, kv_heads=8, vocab=32000)
+model = build_llama(REF, "cuda", seq)
+ids = torch.randint(0, 32000, (1, seq), device="cuda")
+KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+def enable(v):
+    if v == "ckpt":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return None, model.gradient_checkpointing_disable
+    opts = {"keep_on_device_bytes": 10 ** 12} if v == "hidden_nocopy" else {}
+    if v.startswith("hidden_mif"):  # hidden_mifN: max_in_flight=N (0: unbounded)
+        opts["max_in_flight"] = int(v[len("hidden_mif"):])
+    handle = torch_offload.apply(model, "hidden_states", **opts)
+    return handle, handle.remove
+
+
+rows = {v: [] for v in variants}
+for r in range(rounds):
+    for v in (variants if r % 2 == 0 else variants[::-1]):
+        handle, undo = enable(v)
+        try:
+            for i in range(5):
+                torch.cuda.synchronize()
+                mem0 = torch.cuda.memory_stats()
+                s0 = handle.stats() if handle else {}
+                t = time.perf_counter()
+                model.zero_grad(set_to_none=True)
+                model(input_ids=ids, labels=ids).loss.backward()
+                torch.cuda.synchronize()
+                dt = time.perf_counter() - t
+                mem1 = torch.cuda.memory_stats()
+                s1 = handle.stats() if handle else {}
+                row = {k: mem1.get(k, 0) - mem0.get(k, 0) for k in KEYS}
+                row.update(step_ms=dt * 1e3, compute_wait=s1.get("compute_wait_ms", 0) - s0.get("compute_wait_ms", 0),
+                           host_wait=s1.get("host_wait_ms", 0) - s0.get("host_wait_ms", 0),
+                           reserved_gb=mem1["reserved_bytes.all.current"] / 2**30, warm=i >= 2)
+                rows[v].append(row)
+        finally:
+            undo()
+for v, rs in rows.items():
+    timed = [x for x in rs if x["warm"]]
+    print(f"{v:14s} step {statistics.median(x['step_ms'] for x in timed):7.1f} ms  per step (all, incl. warm-up): "
+          + "  ".join(f"{k} {[x[k] for x in rs]}" for k in KEYS))
+    print(f"{'':14s} compute wait {[round(x['compute_wait'], 2) for x in timed]} host wait "
+          f"{[round(x['host_wait'], 2) for x in timed]} reserved GB {[round(x['reserved_gb'], 2) for x in rs]}")
