@@ -97,3 +97,11 @@ timeout 400 python3 benchmarks/results/allocator_events_16k.py 16384 4 ckpt,hidd
 # (keep_on_device_bytes=1e12) and checkpointing, 6 interleaved rounds in one process.
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 timeout 500 python3 benchmarks/results/allocator_events_16k.py 16384 6 ckpt,hidden_states,hidden_nocopy 2>&1 | grep -v -i warn | tee $OUT/hidden_nocopy_16k_rounds_h100.log
+
+### call 12
+# Session 15, call 12: issue 10, hidden_states at 32k against itself without copies and checkpointing
+# (3 rounds), and where hidden_states' peak sits at 16k (eager, memory snapshot).
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 330 python3 benchmarks/results/allocator_events_16k.py 32768 3 ckpt,hidden_states,hidden_nocopy 2>&1 | grep -v -i warn | tee $OUT/hidden_nocopy_32k_rounds_h100.log
+timeout 200 python3 benchmarks/peak_memory.py --out $OUT/peak --layers 24 --seqs 16384 --variants ckpt_eager,ours_eager > $OUT/peak_memory_eager_16k_h100.log 2>&1; tail -30 $OUT/peak_memory_eager_16k_h100.log
+ls $OUT/peak
