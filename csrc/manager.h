@@ -49,6 +49,10 @@ class Manager : public std::enable_shared_from_this<Manager> {
   // automatic). A no-op when a prefetch is already pending, for synchronous managers, and where
   // restores are plain copies (CPU, disk tier).
   void prefetch(const at::Tensor& handle, c10::Device device);
+  // Prefetches the `count` newest entries saved from `device` that backward has not restored yet:
+  // backward restores newest first, and nothing else prefetches its first restores (called while
+  // the LM head's backward runs, they overlap it). Same no-ops as prefetch().
+  void prefetch_newest(c10::Device device, int64_t count);
   // Makes the current stream wait for the handle's device-to-host copy and releases the device
   // source now. The background releaser frees sources in host order, and the host runs ahead of
   // the GPU, so the allocator would still count sources whose copies the GPU has not reached;

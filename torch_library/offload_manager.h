@@ -33,6 +33,9 @@ class OffloadManager : public torch::CustomClassHolder {
   void prefetch(const at::Tensor& handle, c10::Device device) {
     manager_->prefetch(handle, device);
   }
+  void prefetch_newest(c10::Device device, int64_t count) {
+    manager_->prefetch_newest(device, count);
+  }
   void empty_pool() { manager_->empty_pool(); }
   // The deduplicated saves' table (offload_pack), for tests and diagnostics: source storages with
   // a live copy, and copies holding a restored device tensor.

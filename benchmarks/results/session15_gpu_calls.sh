@@ -105,3 +105,22 @@ export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTH
 timeout 330 python3 benchmarks/results/allocator_events_16k.py 32768 3 ckpt,hidden_states,hidden_nocopy 2>&1 | grep -v -i warn | tee $OUT/hidden_nocopy_32k_rounds_h100.log
 timeout 200 python3 benchmarks/peak_memory.py --out $OUT/peak --layers 24 --seqs 16384 --variants ckpt_eager,ours_eager > $OUT/peak_memory_eager_16k_h100.log 2>&1; tail -30 $OUT/peak_memory_eager_16k_h100.log
 ls $OUT/peak
+
+### call 13
+# Session 15, call 13: issue 10, hidden_states at 16k with the block input's device copy released by
+# the releaser thread (no compute-stream wait per block) against in stream order, 4 rounds.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 400 python3 benchmarks/results/allocator_events_16k.py 16384 4 ckpt,hidden_states,hidden_nofinish,hidden_nocopy 2>&1 | grep -v -i warn | tee $OUT/hidden_nofinish_16k_h100.log
+
+### call 14
+# Session 15, call 14: issue 10, backward's first restores prefetched during the LM head's backward
+# (first_restores.py, Manager::prefetch_newest): C++ tests with CUDA, the CUDA cases of the touched
+# files, then in one process with and without the hook at 16k (4 rounds) and 32k (2 rounds).
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+ROOT=$PWD
+(export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")'):$ROOT/build:$LD_LIBRARY_PATH
+ TORCH_OFFLOAD_TEST_ROUNDS_PERCENT=50 timeout 160 .gpu/bin/torch_offload_tests --gtest_brief=1 > $OUT/gtest_h100_session15_first_restores.log 2>&1; echo "gtest rc=$?"; tail -3 $OUT/gtest_h100_session15_first_restores.log)
+(cd python_tests && timeout 150 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_first_restores.py test_selective.py test_checkpoint.py test_auto.py 2>&1 | tee $OUT/gpu_pytest_cuda_h100_session15_first_restores.log | tail -3)
+timeout 200 python3 benchmarks/results/allocator_events_16k.py 16384 4 ckpt,hidden_states,hidden_states_nohook,selective,selective_nohook 2>&1 | grep -v -i warn > $OUT/first_restores_16k_h100.log
+timeout 150 python3 benchmarks/results/allocator_events_16k.py 32768 2 ckpt,hidden_states,hidden_states_nohook 2>&1 | grep -v -i warn > $OUT/first_restores_32k_h100.log
+for f in $OUT/first_restores_16k_h100.log $OUT/first_restores_32k_h100.log; do grep -E "step|compute wait|peak" $f | cut -c1-120; done

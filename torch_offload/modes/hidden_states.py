@@ -5,6 +5,7 @@ from torch import nn
 
 from ..blocks import BlockForward
 from ..checkpoint import checkpoint
+from ..first_restores import prefetch_first_restores
 from ..handle import OffloadHandle, blocks_to_wrap
 from ..manager import OffloadManager
 from .options import MANAGER_OPTIONS, check_options, check_use_reentrant
@@ -25,6 +26,7 @@ def apply_hidden_states(model: nn.Module, blocks, manager, options: dict) -> Off
         handle.wrap(_CheckpointedForward(block, manager, use_reentrant))
     handle.disable_hf_checkpointing()  # ours replaces it (twice would recompute twice)
     handle.disable_kv_cache()
+    prefetch_first_restores(handle)  # the last block's saves, during the LM head's backward
     return handle
 
 

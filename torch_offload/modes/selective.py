@@ -5,6 +5,7 @@ block_policies= gives each block its own policy."""
 from torch import nn
 
 from ..blocks import BlockForward
+from ..first_restores import prefetch_first_restores
 from ..handle import OffloadHandle, blocks_to_wrap
 from ..manager import OffloadManager
 from ..attention_offload import is_fast_policy, saves_per_block
@@ -45,6 +46,7 @@ def apply_selective(model: nn.Module, blocks, manager, options: dict) -> Offload
         handle.wrap(_SelectiveForward(block, manager, policy, min_bytes, use_reentrant))
     handle.disable_hf_checkpointing()  # ours replaces it (twice would recompute twice)
     handle.disable_kv_cache()
+    prefetch_first_restores(handle)  # the last block's saves, during the LM head's backward
     return handle
 
 
