@@ -124,3 +124,12 @@ ROOT=$PWD
 timeout 200 python3 benchmarks/results/allocator_events_16k.py 16384 4 ckpt,hidden_states,hidden_states_nohook,selective,selective_nohook 2>&1 | grep -v -i warn > $OUT/first_restores_16k_h100.log
 timeout 150 python3 benchmarks/results/allocator_events_16k.py 32768 2 ckpt,hidden_states,hidden_states_nohook 2>&1 | grep -v -i warn > $OUT/first_restores_32k_h100.log
 for f in $OUT/first_restores_16k_h100.log $OUT/first_restores_32k_h100.log; do grep -E "step|compute wait|peak" $f | cut -c1-120; done
+
+### call 15
+# Session 15, call 15: issue 10 with backward's first restores prefetched: the benchmark's own rounds
+# at 16k (checkpointing, hidden_states, "attention", "attention+qkv+out_proj") and 32k, and the fixed
+# CUDA case of test_selective.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+(cd python_tests && timeout 60 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_selective.py test_first_restores.py 2>&1 | tee $OUT/gpu_pytest_cuda_h100_session15_call15.log | tail -2)
+timeout 200 python3 benchmarks/bench_selective.py --out $OUT/sel16k --seqs 16384 --rounds 4 --steps 3 --warmup 1 --variants ckpt,hidden,selective,sel:attention+qkv+out_proj > $OUT/sel16k.log 2>&1; tail -9 $OUT/sel16k/*.md
+timeout 200 python3 benchmarks/bench_selective.py --out $OUT/sel32k --seqs 32768 --rounds 2 --steps 3 --warmup 1 --variants ckpt,hidden,selective > $OUT/sel32k.log 2>&1; tail -8 $OUT/sel32k/*.md
