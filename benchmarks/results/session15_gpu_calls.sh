@@ -133,3 +133,10 @@ export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTH
 (cd python_tests && timeout 60 python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda test_selective.py test_first_restores.py 2>&1 | tee $OUT/gpu_pytest_cuda_h100_session15_call15.log | tail -2)
 timeout 200 python3 benchmarks/bench_selective.py --out $OUT/sel16k --seqs 16384 --rounds 4 --steps 3 --warmup 1 --variants ckpt,hidden,selective,sel:attention+qkv+out_proj > $OUT/sel16k.log 2>&1; tail -9 $OUT/sel16k/*.md
 timeout 200 python3 benchmarks/bench_selective.py --out $OUT/sel32k --seqs 32768 --rounds 2 --steps 3 --warmup 1 --variants ckpt,hidden,selective > $OUT/sel32k.log 2>&1; tail -8 $OUT/sel32k/*.md
+
+### call 16
+# Session 15, call 16: issue 10, the final code's hidden_states and "attention" against checkpointing
+# in 6 rounds at 16k and 4 at 32k (bench_selective's own rounds).
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 200 python3 benchmarks/bench_selective.py --out $OUT/sel16k --seqs 16384 --rounds 6 --steps 3 --warmup 1 --variants ckpt,hidden,selective > $OUT/sel16k.log 2>&1; tail -8 $OUT/sel16k/*.md
+timeout 300 python3 benchmarks/bench_selective.py --out $OUT/sel32k --seqs 32768 --rounds 4 --steps 3 --warmup 1 --variants ckpt,hidden,selective > $OUT/sel32k.log 2>&1; tail -8 $OUT/sel32k/*.md
