@@ -49,9 +49,10 @@ class Manager : public std::enable_shared_from_this<Manager> {
   // automatic). A no-op when a prefetch is already pending, for synchronous managers, and where
   // restores are plain copies (CPU, disk tier).
   void prefetch(const at::Tensor& handle, c10::Device device);
-  // Prefetches the `count` newest entries saved from `device` that backward has not restored yet:
-  // backward restores newest first, and nothing else prefetches its first restores (called while
-  // the LM head's backward runs, they overlap it). Same no-ops as prefetch().
+  // Prefetches the `count` newest entries in host memory saved from `device` that backward has not
+  // restored yet, as each restore prefetches the entries before it: backward restores newest first,
+  // and nothing else prefetches its first restores (called while the LM head's backward runs, they
+  // overlap it). A no-op for synchronous managers and where restores are plain copies.
   void prefetch_newest(c10::Device device, int64_t count);
   // Makes the current stream wait for the handle's device-to-host copy and releases the device
   // source now. The background releaser frees sources in host order, and the host runs ahead of
@@ -131,6 +132,11 @@ class Manager : public std::enable_shared_from_this<Manager> {
   void on_handle_freed(const void* key);
   void check_unmodified(const Entry& entry) const;
   void prefetch_before_locked(const Entry& restored, c10::Device device, DeviceTransfer* transfer);
+  // Walks the entries saved before `before`, newest first, on `device` and not yet restored:
+  // starts the device copy of up to `copies` of those in host memory, reads up to `reads` of the
+  // others ahead (disk tier). Automatic prefetch in backward and prefetch_newest.
+  void prefetch_walk_locked(std::list<const void*>::iterator before, c10::Device device,
+                            DeviceTransfer* transfer, int64_t copies, int64_t reads);
   // Starts the device copy of `entry` that its next restore will take.
   // Copies `bytes` (the entry's resident host bytes) to `device` ahead of the restore.
   void start_prefetch_locked(Entry& entry, const void* bytes, c10::Device device,

@@ -161,15 +161,7 @@ void Manager::prefetch_newest(c10::Device device, int64_t count) {
   DeviceTransfer* transfer = transfer_for(device);
   if (config_.synchronous || transfer == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto pos = save_order_.rbegin(); count > 0 && pos != save_order_.rend(); ++pos) {
-    Entry& entry = entries_.at(*pos);
-    if (entry.restored || entry.source_device != device || entry.kept_source.defined()) continue;
-    count--;
-    const void* bytes = entry.stored->resident();
-    if (bytes == nullptr || entry.prefetched.defined()) continue;
-    check_unmodified(entry);
-    start_prefetch_locked(entry, bytes, device, transfer);
-  }
+  prefetch_walk_locked(save_order_.end(), device, transfer, count, /*reads=*/0);
 }
 
 void Manager::start_prefetch_locked(Entry& entry, const void* bytes, c10::Device device,
@@ -184,11 +176,16 @@ void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
                                      DeviceTransfer* transfer) {
   // Backward restores in reverse save order: the entries saved just before this one come next.
   if (transfer == nullptr && !disk_) return;  // nothing to copy ahead, nothing to read ahead
-  int64_t copies = config_.prefetch_depth;
+  const int64_t copies = config_.prefetch_depth;
   // Only disk-tier entries are read ahead; without a disk tier the walk ends with the copies (it
   // would otherwise pass every earlier entry on each restore).
-  int64_t reads = copies > 0 && disk_ ? std::max(copies, config_.disk_read_ahead) : 0;
-  for (auto pos = restored.order_pos; (copies > 0 || reads > 0) && pos != save_order_.begin();) {
+  const int64_t reads = copies > 0 && disk_ ? std::max(copies, config_.disk_read_ahead) : 0;
+  prefetch_walk_locked(restored.order_pos, device, transfer, copies, reads);
+}
+
+void Manager::prefetch_walk_locked(std::list<const void*>::iterator before, c10::Device device,
+                                   DeviceTransfer* transfer, int64_t copies, int64_t reads) {
+  for (auto pos = before; (copies > 0 || reads > 0) && pos != save_order_.begin();) {
     --pos;
     Entry& candidate = entries_.at(*pos);
     if (candidate.restored || candidate.source_device != device) continue;

@@ -1,8 +1,11 @@
 """Python-side registrations of the C++ ops: fake kernels (torch.compile, FakeTensor tracing), and
 clear errors for inputs the engine cannot copy (the dispatcher's own error for them names a backend,
 not the problem)."""
+import contextlib
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ._library import load_library
 
@@ -77,3 +80,13 @@ def offload_restore(handle: torch.Tensor, device, manager: int) -> torch.Tensor:
         raise RuntimeError(f"torch_offload.offload_restore: device={str(device)!r}, but CUDA is not "
                            "available on this machine (torch.cuda.is_available() is False)")
     return _restore_op(handle, device, manager)
+
+
+_NO_MODE = contextlib.nullcontext()
+
+
+def outside_dispatch_modes():
+    """Context in which our own save and restore ops are not seen by the dispatch modes on the stack
+    (a selective checkpointing policy's): _disable_current_modes() where there are any, nothing to
+    enter and leave otherwise (the usual case, once per save or restore)."""
+    return _disable_current_modes() if torch._C._len_torch_dispatch_stack() else _NO_MODE

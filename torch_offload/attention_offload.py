@@ -32,11 +32,10 @@ sees torch's own functions. Models that call SDPA through a name imported before
 attention is recomputed, and a warning says to pass the policy as a function
 (policy=torch_offload.policies.attention), which takes the per-op path.
 """
+import functools
 import threading
 import warnings
 import weakref
-
-import functools
 
 import torch
 import torch.nn.functional as F

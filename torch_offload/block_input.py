@@ -3,9 +3,8 @@ runs, restored for its recompute. Shared by both checkpoint variants (checkpoint
 A DTensor input (sequence or context parallel hidden states) is offloaded as its local shard and
 rebuilt as the same DTensor, without communication (dtensors.py)."""
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
-from ._ops import offload_restore, offload_save
+from ._ops import offload_restore, offload_save, outside_dispatch_modes
 from . import node_budget
 from .dtensors import join_local, split_local
 
@@ -28,11 +27,6 @@ class OffloadedInput:
         """The input again, on its device, a leaf that requires grad as the original did. Outside
         any dispatch mode of the recompute (a selective checkpointing policy's): the restore is ours,
         not an op of the user's function."""
-        if torch._C._len_torch_dispatch_stack():
-            with _disable_current_modes():
-                return self._restore()
-        return self._restore()  # no mode to hide from: skip entering and leaving none (per block, per step)
-
-    def _restore(self) -> torch.Tensor:
-        restored = offload_restore(self.handle, self.device, self.manager_id)
-        return join_local(restored, self.dtensor_spec).requires_grad_(self.requires_grad)
+        with outside_dispatch_modes():
+            restored = offload_restore(self.handle, self.device, self.manager_id)
+            return join_local(restored, self.dtensor_spec).requires_grad_(self.requires_grad)

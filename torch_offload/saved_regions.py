@@ -31,18 +31,10 @@ def compact_layout(t: torch.Tensor):
     Broadcast (stride-0) dimensions are narrowed to one element so they are copied once; a dense
     permuted layout (a transpose) is saved through the permutation that makes it contiguous, so the
     restored tensor has the original strides. Anything else is copied contiguous."""
-    expanded_sizes = None
-    if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
-        expanded_sizes = tuple(t.shape)
-        for dim, (s, n) in enumerate(zip(t.stride(), t.shape)):
-            if s == 0 and n > 1:
-                t = t.narrow(dim, 0, 1)
-    permutation = None
-    if not t.is_contiguous():
-        permutation = dense_permutation(t)
-        if permutation is not None:
-            t = t.permute(permutation)
-    return t, permutation, expanded_sizes
+    expanded_sizes = tuple(t.shape) if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)) else None
+    t = compact_with(t, None, expanded_sizes)
+    permutation = None if t.is_contiguous() else dense_permutation(t)
+    return compact_with(t, permutation, None), permutation, expanded_sizes
 
 
 _recipes = {}  # (sizes, strides) -> compact_recipe's answer: a model saves the same few layouts every step
@@ -64,7 +56,8 @@ def compact_recipe(t: torch.Tensor):
 
 
 def compact_with(t: torch.Tensor, permutation, expanded_sizes) -> torch.Tensor:
-    """compact_layout's tensor, from t's recipe (compact_recipe)."""
+    """compact_layout's tensor, from t's recipe (compact_recipe): broadcast dimensions narrowed to
+    one element, then the permutation applied."""
     if expanded_sizes is not None:
         for dim, (s, n) in enumerate(zip(t.stride(), t.shape)):
             if s == 0 and n > 1:

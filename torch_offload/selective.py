@@ -16,20 +16,20 @@ from collections import defaultdict
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, SelectiveCheckpointContext,
                                     create_selective_checkpoint_contexts)
 
-from ._ops import offload_restore, offload_save
+from ._ops import offload_restore, offload_save, outside_dispatch_modes
 from .activations import _Packed, _rebuild
 from .attention_offload import (attention_offload_contexts, is_fast_policy, projection_groups, projection_weights,
                                 split_kept)
 from .checkpoint import checkpoint as offload_checkpoint
 from .manager import default_manager
 from .policies import resolve
-from .saved_regions import compact_recipe, compact_with
 from .reentrant import reentrant_checkpoint
+from .saved_regions import compact_recipe, compact_with
 
 _OFFLOAD = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
 DEFAULT_MIN_BYTES = 1 << 16  # smaller outputs (dropout seeds, empty masks) stay on the device
@@ -51,10 +51,7 @@ class _Offloaded:
         return decision if decision is not None else CheckpointPolicy.PREFER_RECOMPUTE
 
     def save(self, op, out):
-        if torch._C._len_torch_dispatch_stack():  # modes below ours (torch's SAC) must not see our ops
-            with _disable_current_modes():
-                self.calls[op].append(self._map(self._pack, out))
-        else:
+        with outside_dispatch_modes():  # modes below ours (torch's SAC) must not see our ops
             self.calls[op].append(self._map(self._pack, out))
 
     def restore(self, op):
@@ -65,10 +62,8 @@ class _Offloaded:
         if not calls:
             raise RuntimeError("torch_offload selective offload: trying to backward an extra time; a region "
                                "under selective checkpointing can be backpropagated once")
-        if torch._C._len_torch_dispatch_stack():
-            with _disable_current_modes():
-                return self._map(self._unpack, calls.pop(0))
-        return self._map(self._unpack, calls.pop(0))
+        with outside_dispatch_modes():
+            return self._map(self._unpack, calls.pop(0))
 
     @staticmethod
     def _map(fn, out):
