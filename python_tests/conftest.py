@@ -28,3 +28,15 @@ def assert_same_grads(model_a, model_b):
             assert a.grad is None and b.grad is None, name
             continue
         assert torch.equal(a.grad, b.grad), f"{name}: max diff {(a.grad - b.grad).abs().max()}"
+
+
+@pytest.fixture(params=["c", "python"])
+def save_hooks(request, monkeypatch):
+    """Runs a test with the C save hooks (pyext/save_hooks.cpp) and again with the Python ones they
+    stand in for (what a build without Python's headers runs): both must decide alike."""
+    from torch_offload import _library, activations
+    if request.param == "python":
+        monkeypatch.setattr(activations, "load_save_hooks", lambda: None)
+    elif _library.load_save_hooks() is None:
+        pytest.fail("the C save hooks were not built or not found next to the library")
+    return request.param

@@ -13,6 +13,9 @@ import torch_offload
 from conftest import DEVICES, assert_same_grads
 from test_models import _steps_match_plain, _tiny_llama
 
+# Every test here runs with the C save hooks and with the Python ones (conftest.save_hooks).
+pytestmark = pytest.mark.usefixtures("save_hooks")
+
 
 def _grads_match(fn, inputs, **hook_options):
     """Runs fn(*inputs) backward with and without the hooks; returns the hooks' stats."""

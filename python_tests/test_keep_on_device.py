@@ -15,6 +15,9 @@ from torch_offload.link_budget import window_for
 from torch_offload.modes.auto import GB, keep_on_device_bytes_for
 from test_models import _steps_match_plain, _tiny_llama
 
+# Every test here runs with the C save hooks and with the Python ones (conftest.save_hooks).
+pytestmark = pytest.mark.usefixtures("save_hooks")
+
 
 def test_the_manager_reports_and_copies_its_window():
     manager = torch_offload.OffloadManager(keep_on_device_bytes=1 << 20)

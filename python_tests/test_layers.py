@@ -11,6 +11,9 @@ from conftest import DEVICES, assert_same_grads
 from gloo_ranks import single_rank_mesh
 from test_models import _freeze_layer_weights, _llama_step, _steps_match_plain, _tiny_llama
 
+# Every test here runs with the C save hooks and with the Python ones (conftest.save_hooks).
+pytestmark = pytest.mark.usefixtures("save_hooks")
+
 IDS_SHAPE = (2, 32)
 
 

@@ -11,6 +11,9 @@ from conftest import DEVICES
 from test_models import _freeze_layer_weights, _steps_match_plain, _tiny_llama
 from transformers.models.llama.modeling_llama import LlamaMLP
 
+# Every test here runs with the C save hooks and with the Python ones (conftest.save_hooks).
+pytestmark = pytest.mark.usefixtures("save_hooks")
+
 
 def test_select_modules_by_pattern_and_type():
     model = _tiny_llama("cpu")

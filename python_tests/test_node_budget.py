@@ -8,6 +8,9 @@ import torch_offload
 from gloo_ranks import run_ranks
 from test_models import _tiny_llama
 
+# Every test here runs with the C save hooks and with the Python ones (conftest.save_hooks).
+pytestmark = pytest.mark.usefixtures("save_hooks")
+
 MiB = 1 << 20
 
 

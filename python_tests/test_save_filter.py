@@ -12,6 +12,9 @@ import torch_offload
 from conftest import DEVICES
 from test_models import _tiny_llama
 
+# Every test here runs with the C save hooks and with the Python ones (conftest.save_hooks).
+pytestmark = pytest.mark.usefixtures("save_hooks")
+
 
 def _mlp_step(net, x, hooks):
     with hooks:

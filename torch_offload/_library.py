@@ -1,4 +1,6 @@
 """Finds and loads libtorch_offload, which registers torch.ops.offload.* and torch.classes.offload.*."""
+import importlib.machinery
+import importlib.util
 import os
 from pathlib import Path
 
@@ -36,3 +38,27 @@ def load_library():
                 "or set TORCH_OFFLOAD_LIBRARY to the library's path."
             )
     return _loaded_path
+
+
+_SAVE_HOOKS_NAME = "_save_hooks"
+_save_hooks = False  # not looked for yet
+
+
+def load_save_hooks():
+    """The C save hooks (pyext/save_hooks.cpp) built for this Python, from the directory the library
+    was loaded from; None where they were not built (no Python headers at build time), or with
+    TORCH_OFFLOAD_PYTHON_SAVE_HOOKS=1 (the Python hooks, for comparison and debugging)."""
+    global _save_hooks
+    if _save_hooks is False:
+        _save_hooks = None
+        if os.environ.get("TORCH_OFFLOAD_PYTHON_SAVE_HOOKS", "0") != "1":
+            directory = Path(load_library()).parent
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                path = directory / (_SAVE_HOOKS_NAME + suffix)
+                if path.is_file():
+                    spec = importlib.util.spec_from_file_location("torch_offload." + _SAVE_HOOKS_NAME, path)
+                    module = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(module)
+                    _save_hooks = module
+                    break
+    return _save_hooks

@@ -20,6 +20,7 @@ from typing import Iterable, Optional
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ._library import load_save_hooks
 from ._ops import offload_pack, offload_pack_filtered, offload_restore, offload_save, offload_unpack
 
 from . import node_budget, weight_tokens
@@ -244,22 +245,43 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
             # (offload() counted the others)
             return count_kept(packed) if isinstance(packed, torch.Tensor) else packed
 
+        def on_error(error: BaseException):
+            """Raises an error of our pack or unpack op, naming a node host budget (node_budget.py)."""
+            try:
+                if isinstance(error, RuntimeError):
+                    node_budget.name_in_error(error, manager_id)
+                raise error
+            finally:
+                del error  # the traceback holds this frame: no cycle that keeps the graph alive
+
+        def decided(t: torch.Tensor, save, decision):
+            """What autograd keeps for t, after the engine's filter answered."""
+            if save is not None:
+                return SavedView(save, t.device)
+            if decision == KEEP:
+                return t
+            return python_pack(t)
+
+        def leaf(t: torch.Tensor):
+            """A plain leaf without grad (or a view of one), as the engine asks: a frozen parameter
+            outside `keep` (FSDP2's unsharded ones) stays; anything else (rotary cos / sin) is decided
+            by the engine like an op's output."""
+            if _is_weight(t):
+                counts.kept_other += 1
+                return count_kept(t)
+            try:
+                save, decision = offload_pack_filtered(t, manager_id, filter_id, True)
+            except RuntimeError as error:
+                on_error(error)
+            return decided(t, save, decision)
+
         def pack(t: torch.Tensor):
             if type(t) is torch.Tensor and not weight_tokens.installed():  # the usual case
                 try:
                     save, decision = offload_pack_filtered(t, manager_id, filter_id)
-                    if decision == LEAF_WITHOUT_GRAD:
-                        if _is_weight(t):  # a frozen parameter outside `keep` (FSDP2's unsharded ones)
-                            counts.kept_other += 1
-                            return count_kept(t)
-                        save, decision = offload_pack_filtered(t, manager_id, filter_id, True)  # rotary cos / sin
                 except RuntimeError as error:
-                    node_budget.name_in_error(error, manager_id)
-                    raise
-                if save is not None:
-                    return SavedView(save, t.device)
-                if decision == KEEP:
-                    return t
+                    on_error(error)
+                return leaf(t) if decision == LEAF_WITHOUT_GRAD else decided(t, save, decision)
             return python_pack(t)
 
         def unpack(packed):
@@ -273,6 +295,13 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
             restored = _rebuild(offload_restore(packed.handle, packed.device, manager_id), packed)
             return join_local(restored, packed.dtensor_spec)
 
+        # The usual case in C (pyext/save_hooks.cpp: the same decisions, without a Python frame or
+        # the generic op binding per save), handing the rest to the functions above.
+        c_hooks = load_save_hooks()
+        if c_hooks is not None:
+            hooks = c_hooks.SaveHooks(manager_id, filter_id, weight_tokens.registry(), python_pack, leaf, unpack,
+                                      on_error)
+            pack, unpack = hooks.pack, hooks.unpack
         super().__init__(pack, unpack)
 
     def __deepcopy__(self, memo):

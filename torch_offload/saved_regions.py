@@ -10,6 +10,8 @@ import threading
 
 import torch
 
+from ._library import load_save_hooks
+
 
 def dense_permutation(t: torch.Tensor):
     """The dimension order in which a non-contiguous `t` is contiguous (a transpose, an SDPA
@@ -97,15 +99,19 @@ class SaveCounters:
             return dict(self._values)
 
 
-class SavedView:
+class _PythonSavedView:
     """What autograd keeps for one offloaded save: its save handle (a host tensor with the save's
     dtype, sizes and strides on the storage of the copy holding its elements), its device, and a
-    DTensor's spec when it is a local shard."""
+    DTensor's spec when it is a local shard. The C save hooks' own type where they are built."""
 
     __slots__ = ("save", "device", "dtensor_spec")
 
     def __init__(self, save: torch.Tensor, device: torch.device):
         self.save, self.device, self.dtensor_spec = save, device, None
+
+
+_c_hooks = load_save_hooks()
+SavedView = _c_hooks.SavedView if _c_hooks is not None else _PythonSavedView
 
 
 class SavedRegions:

@@ -69,6 +69,12 @@ def uninstall(copy: torch.Tensor) -> None:
             _installed.pop(copy.untyped_storage().data_ptr(), None)
 
 
+def registry() -> dict:
+    """The installed copies (mutated in place, never rebound: the C save hooks hold it and test
+    whether it is empty, as installed() does)."""
+    return _installed
+
+
 def installed() -> bool:
     """Whether any weight copy is installed now (layer offloading runs a layer)."""
     return bool(_installed)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Session 16's GPU calls (nvidia-h100-x1), each run as `bash .gpu/s16callN.sh $OUT` from the repository
+# root with build/libtorch_offload.so and build/_save_hooks.cpython-312-x86_64-linux-gnu.so carried
+# (the GPU machine's Python is 3.12: the C save hooks were built for it here with
+# cmake -S . -B /tmp/build-py312 -DPython3_EXECUTABLE=/root/.pyenv/versions/3.12.1/bin/python3 ...
+# --target torch_offload_save_hooks, then copied into build/).
+
+# Call 1: the C save hooks load on the GPU machine; CUDA tests; C against Python hooks in one process.
+s16call1() {
+ROOT=$PWD
+export TORCH_OFFLOAD_LIBRARY=$ROOT/build/libtorch_offload.so PYTHONPATH=$ROOT
+python3 -c "import sys, torch; from torch_offload import _library; print(sys.version); print('C save hooks:', _library.load_save_hooks())"
+(cd python_tests && timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda test_first_restores.py test_selective.py \
+  test_save_hooks_c.py test_activations.py test_activations_dedup.py test_modules.py test_save_filter.py \
+  test_keep_on_device.py test_layers.py)   # gpu_pytest_cuda_h100_session16_call1.log
+python3 benchmarks/results/save_hooks_ab.py 4096 6 modules,all   # save_hooks_ab_4k_h100.log
+python3 benchmarks/results/save_hooks_ab.py 16384 2 modules      # save_hooks_ab_16k_h100.log
+}

@@ -1,0 +1,306 @@
+// torch_offload._save_hooks: the saved-tensor hooks of offload_activations as C callables.
+//
+// Autograd calls a pack hook for every tensor it saves and an unpack hook for every one backward
+// reads: several hundred calls per step in modes "all" and "modules". Written in Python, each call
+// ran a Python frame and reached our op through torch's generic Python op binding (argument parsing
+// against the schema, the result converted back), a few microseconds per call on the step's host
+// thread. These hooks call the same ops through the dispatcher from C: the usual case (a plain
+// tensor, offloaded, kept or shared by the engine's filter) runs no Python at all. Everything else
+// is handed to the Python functions the hooks are built with (activations.py), which decide exactly
+// as before: tensor subclasses, weights of offloaded layers, a leaf without grad (the engine asks
+// Python whether it is a frozen parameter), errors (named by Python).
+//
+// Layering: the Python package's C part. It calls the ops (torch_library/) through the dispatcher,
+// as Python does, and never the engine (csrc/) directly.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <Python.h>
+#include <structmember.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <tuple>
+
+namespace {
+
+// offload_pack_filtered's decisions (csrc/save_filter.h; save_filter.py).
+constexpr int64_t kKeep = 1;
+constexpr int64_t kLeafWithoutGrad = 3;
+
+using PackOp = std::tuple<at::Tensor, int64_t>(const at::Tensor&, int64_t, int64_t, bool);
+using UnpackOp = at::Tensor(const at::Tensor&, c10::Device, int64_t);
+
+const c10::TypedOperatorHandle<PackOp>& pack_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("offload::offload_pack_filtered", "")
+                             .typed<PackOp>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<UnpackOp>& unpack_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("offload::offload_unpack", "")
+                             .typed<UnpackOp>();
+  return op;
+}
+
+// What autograd keeps for one offloaded save: the save handle (a host tensor), the device to
+// restore to (a torch.device), and a DTensor's spec when the save is its local shard (set from
+// Python).
+struct SavedView {
+  PyObject_HEAD PyObject* save;
+  PyObject* device;
+  PyObject* dtensor_spec;
+};
+
+PyObject* saved_view_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"save", "device", nullptr};
+  PyObject* save = nullptr;
+  PyObject* device = nullptr;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:SavedView", const_cast<char**>(names), &save,
+                                   &device)) {
+    return nullptr;
+  }
+  if (!THPVariable_Check(save) || !THPDevice_Check(device)) {
+    PyErr_SetString(PyExc_TypeError,
+                    "SavedView(save, device): save must be a tensor and device a torch.device");
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<SavedView*>(type->tp_alloc(type, 0));
+  if (self == nullptr) {
+    return nullptr;
+  }
+  Py_INCREF(save);
+  Py_INCREF(device);
+  Py_INCREF(Py_None);
+  self->save = save;
+  self->device = device;
+  self->dtensor_spec = Py_None;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void saved_view_dealloc(PyObject* self) {
+  auto* view = reinterpret_cast<SavedView*>(self);
+  Py_XDECREF(view->save);
+  Py_XDECREF(view->device);
+  Py_XDECREF(view->dtensor_spec);
+  PyTypeObject* type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);  // a heap type: each instance holds a reference
+}
+
+PyMemberDef saved_view_members[] = {
+    {"save", T_OBJECT_EX, offsetof(SavedView, save), READONLY, "the save handle (a host tensor)"},
+    {"device", T_OBJECT_EX, offsetof(SavedView, device), READONLY,
+     "the device the save is restored to"},
+    {"dtensor_spec", T_OBJECT, offsetof(SavedView, dtensor_spec), 0, "a DTensor's spec, or None"},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyTypeObject* saved_view_type = nullptr;  // made in PyInit__save_hooks
+
+PyObject* new_saved_view(const at::Tensor& save, c10::Device device) {
+  auto* view = reinterpret_cast<SavedView*>(saved_view_type->tp_alloc(saved_view_type, 0));
+  if (view == nullptr) {
+    return nullptr;
+  }
+  view->save = THPVariable_Wrap(save);
+  view->device = THPDevice_New(device);
+  Py_INCREF(Py_None);
+  view->dtensor_spec = Py_None;
+  if (view->save == nullptr || view->device == nullptr) {
+    Py_DECREF(view);
+    return nullptr;
+  }
+  return reinterpret_cast<PyObject*>(view);
+}
+
+// One set of hooks: the manager and filter ids, the weight-token registry (a dict that is empty
+// unless layer offloading has weights installed), and the Python functions for the rest.
+struct SaveHooks {
+  PyObject_HEAD int64_t manager;
+  int64_t filter;
+  PyObject* installed_weights;  // weight_tokens._installed
+  PyObject* python_pack;        // any tensor: the Python path (subclasses, weight tokens, ...)
+  PyObject* python_leaf;        // a plain leaf without grad, as the engine asked
+  PyObject* python_unpack;      // anything but a SavedView of a plain tensor
+  PyObject* on_error;           // an error of our op: raises it, named for the user
+};
+
+PyObject* save_hooks_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"manager",     "filter",        "installed_weights", "python_pack",
+                                "python_leaf", "python_unpack", "on_error",          nullptr};
+  long long manager = 0;
+  long long filter = 0;
+  PyObject* objects[5] = {};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLO!OOOO:SaveHooks", const_cast<char**>(names),
+                                   &manager, &filter, &PyDict_Type, &objects[0], &objects[1],
+                                   &objects[2], &objects[3], &objects[4])) {
+    return nullptr;
+  }
+  try {
+    pack_op();  // the library must be loaded: fail here, not in a hook
+    unpack_op();
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<SaveHooks*>(type->tp_alloc(type, 0));
+  if (self == nullptr) {
+    return nullptr;
+  }
+  self->manager = manager;
+  self->filter = filter;
+  PyObject** slots[5] = {&self->installed_weights, &self->python_pack, &self->python_leaf,
+                         &self->python_unpack, &self->on_error};
+  for (int i = 0; i < 5; ++i) {
+    Py_INCREF(objects[i]);
+    *slots[i] = objects[i];
+  }
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void save_hooks_dealloc(PyObject* self) {
+  auto* hooks = reinterpret_cast<SaveHooks*>(self);
+  Py_XDECREF(hooks->installed_weights);
+  Py_XDECREF(hooks->python_pack);
+  Py_XDECREF(hooks->python_leaf);
+  Py_XDECREF(hooks->python_unpack);
+  Py_XDECREF(hooks->on_error);
+  PyTypeObject* type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+// Sets the Python error for the exception being handled (torch's translation: a c10::ValueError
+// becomes a ValueError, an error raised by a Python dispatch mode comes back as it was), then lets
+// on_error name it (a node host budget) or re-raise it.
+PyObject* raise_named(SaveHooks* hooks) {
+  torch::translate_exception_to_python(std::current_exception());
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject* value = PyErr_GetRaisedException();
+#else
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (traceback != nullptr) {
+    PyException_SetTraceback(value, traceback);
+  }
+  Py_XDECREF(type);
+  Py_XDECREF(traceback);
+#endif
+  PyObject* result = PyObject_CallOneArg(hooks->on_error, value);
+  Py_XDECREF(result);  // on_error always raises; its exception is the one set now
+  if (result != nullptr) {
+    PyErr_SetString(PyExc_SystemError, "torch_offload: on_error returned instead of raising");
+  }
+  Py_XDECREF(value);
+  return nullptr;
+}
+
+PyObject* save_hooks_pack(PyObject* self, PyObject* t) {
+  auto* hooks = reinterpret_cast<SaveHooks*>(self);
+  if (Py_TYPE(t) != reinterpret_cast<PyTypeObject*>(THPVariableClass) ||
+      PyDict_GET_SIZE(hooks->installed_weights) != 0) {
+    return PyObject_CallOneArg(hooks->python_pack, t);
+  }
+  const at::Tensor& tensor = THPVariable_Unpack(t);
+  std::tuple<at::Tensor, int64_t> result;
+  try {
+    pybind11::gil_scoped_release no_gil;  // the op may wait on the in-flight bound
+    result = pack_op().call(tensor, hooks->manager, hooks->filter, false);
+  } catch (...) {
+    return raise_named(hooks);
+  }
+  const auto& [save, decision] = result;
+  if (save.defined()) {
+    return new_saved_view(save, tensor.device());
+  }
+  if (decision == kKeep) {
+    Py_INCREF(t);
+    return t;
+  }
+  // A leaf without grad (is it a frozen parameter?) or a tensor the engine leaves to the caller.
+  return PyObject_CallOneArg(decision == kLeafWithoutGrad ? hooks->python_leaf : hooks->python_pack,
+                             t);
+}
+
+PyObject* save_hooks_unpack(PyObject* self, PyObject* packed) {
+  auto* hooks = reinterpret_cast<SaveHooks*>(self);
+  if (Py_TYPE(packed) != saved_view_type ||
+      reinterpret_cast<SavedView*>(packed)->dtensor_spec != Py_None) {
+    return PyObject_CallOneArg(hooks->python_unpack, packed);
+  }
+  auto* view = reinterpret_cast<SavedView*>(packed);
+  const at::Tensor& save = THPVariable_Unpack(view->save);
+  const c10::Device device = reinterpret_cast<THPDevice*>(view->device)->device;
+  at::Tensor restored;
+  try {
+    pybind11::gil_scoped_release no_gil;  // the op may wait for its copy
+    restored = unpack_op().call(save, device, hooks->manager);
+  } catch (...) {
+    return raise_named(hooks);
+  }
+  return THPVariable_Wrap(std::move(restored));
+}
+
+PyMethodDef save_hooks_methods[] = {
+    {"pack", save_hooks_pack, METH_O, "the pack hook: what autograd keeps for a saved tensor"},
+    {"unpack", save_hooks_unpack, METH_O, "the unpack hook: the saved tensor again"},
+    {nullptr, nullptr, 0, nullptr}};
+
+const char saved_view_doc[] =
+    "What autograd keeps for one offloaded save: its save handle (a host tensor with the save's "
+    "dtype, sizes and "
+    "strides on the storage of the copy holding its elements), its device, and a DTensor's spec "
+    "when it is a local "
+    "shard.";
+
+PyType_Slot saved_view_slots[] = {{Py_tp_new, reinterpret_cast<void*>(saved_view_new)},
+                                  {Py_tp_dealloc, reinterpret_cast<void*>(saved_view_dealloc)},
+                                  {Py_tp_members, saved_view_members},
+                                  {Py_tp_doc, const_cast<char*>(saved_view_doc)},
+                                  {0, nullptr}};
+PyType_Spec saved_view_spec = {"torch_offload._save_hooks.SavedView", sizeof(SavedView), 0,
+                               Py_TPFLAGS_DEFAULT, saved_view_slots};
+
+PyType_Slot save_hooks_slots[] = {
+    {Py_tp_new, reinterpret_cast<void*>(save_hooks_new)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(save_hooks_dealloc)},
+    {Py_tp_methods, save_hooks_methods},
+    {Py_tp_doc,
+     const_cast<char*>("pack / unpack hooks of one offload_activations (see activations.py)")},
+    {0, nullptr}};
+PyType_Spec save_hooks_spec = {"torch_offload._save_hooks.SaveHooks", sizeof(SaveHooks), 0,
+                               Py_TPFLAGS_DEFAULT, save_hooks_slots};
+
+PyModuleDef module_def{};  // filled in PyInit__save_hooks (C++17 has no designated initializers)
+
+// Adds a type made from `spec` to `module` as `name`; the type, borrowed (the module holds it).
+PyTypeObject* add_type(PyObject* module, PyType_Spec* spec, const char* name) {
+  PyObject* type = PyType_FromSpec(spec);
+  if (type == nullptr || PyModule_AddObject(module, name, type) < 0) {
+    Py_XDECREF(type);
+    return nullptr;
+  }
+  return reinterpret_cast<PyTypeObject*>(type);
+}
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__save_hooks() {
+  module_def.m_base = PyModuleDef_HEAD_INIT;
+  module_def.m_name = "_save_hooks";
+  module_def.m_doc =
+      "The save hooks of torch_offload.offload_activations, in C (pyext/save_hooks.cpp).";
+  module_def.m_size = -1;
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) {
+    return nullptr;
+  }
+  saved_view_type = add_type(module, &saved_view_spec, "SavedView");
+  if (saved_view_type == nullptr || add_type(module, &save_hooks_spec, "SaveHooks") == nullptr) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}

@@ -1,0 +1,77 @@
+"""The C save hooks (pyext/save_hooks.cpp): built and used, what they give back, references; and the
+Python hooks they stand in for, in a process where the C ones are not loaded. The other hook test
+files run every test with both (conftest.save_hooks), errors included (host budget: test_activations,
+node budget: test_node_budget)."""
+import gc
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_offload
+from torch_offload import _library, saved_regions
+
+pytestmark = pytest.mark.usefixtures("save_hooks")
+
+
+def test_the_hooks_autograd_calls_are_the_c_ones_or_the_python_ones(save_hooks):
+    hooks = torch_offload.offload_activations("all", min_bytes=0)
+    c_type = type(hooks.pack_hook.__self__).__name__ if hasattr(hooks.pack_hook, "__self__") else None
+    assert c_type == ("SaveHooks" if save_hooks == "c" else None)
+
+
+def test_saved_view_takes_a_tensor_and_a_device():
+    save = torch.zeros(3)
+    view = saved_regions.SavedView(save, torch.device("cpu"))
+    assert view.save is save and view.device == torch.device("cpu") and view.dtensor_spec is None
+    view.dtensor_spec = "spec"
+    assert view.dtensor_spec == "spec"
+    with pytest.raises(TypeError):
+        saved_regions.SavedView(save, "cpu")  # a string, not a torch.device
+    with pytest.raises(TypeError):
+        saved_regions.SavedView([1, 2], torch.device("cpu"))
+
+
+def test_kept_and_offloaded_saves_hold_no_extra_references():
+    hooks = torch_offload.offload_activations("all", min_bytes=1 << 10)
+    small = torch.randn(8, requires_grad=True) * 2  # under min_bytes: kept, returned as itself
+    large = torch.randn(1024, requires_grad=True) * 2
+    before_small, before_large = sys.getrefcount(small), sys.getrefcount(large)
+    for _ in range(100):
+        assert hooks.pack_hook(small) is small
+        restored = hooks.unpack_hook(hooks.pack_hook(large))
+        assert torch.equal(restored, large)
+    del restored
+    gc.collect()
+    assert (sys.getrefcount(small), sys.getrefcount(large)) == (before_small, before_large)
+    assert hooks.stats()["live_handles"] == 0
+
+
+def test_without_the_c_hooks_the_python_ones_run_and_give_the_same_gradients(tmp_path):
+    # A process that does not load them (as where they were not built).
+    script = tmp_path / "python_hooks.py"
+    script.write_text(
+        "import torch, torch_offload\n"
+        "from torch_offload import saved_regions\n"
+        "assert saved_regions.SavedView.__name__ == '_PythonSavedView'\n"
+        "torch.manual_seed(0)\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 32))\n"
+        "x = torch.randn(16, 32)\n"
+        "net(x).square().sum().backward()\n"
+        "plain = [p.grad.clone() for p in net.parameters()]\n"
+        "net.zero_grad()\n"
+        "hooks = torch_offload.offload_activations('all', min_bytes=0)\n"
+        "assert not hasattr(hooks.pack_hook, '__self__')\n"
+        "with hooks:\n"
+        "    loss = net(x).square().sum()\n"
+        "loss.backward()\n"
+        "assert all(torch.equal(a, p.grad) for a, p in zip(plain, net.parameters()))\n"
+        "assert hooks.stats()['offloaded_saves'] > 0\n"
+        "print('ok')\n")
+    env = dict(os.environ, TORCH_OFFLOAD_PYTHON_SAVE_HOOKS="1", TORCH_OFFLOAD_LIBRARY=_library.load_library(),
+               PYTHONPATH=str(Path(torch_offload.__file__).resolve().parents[1]))
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
