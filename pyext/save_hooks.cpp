@@ -121,7 +121,7 @@ struct SaveHooks {
   int64_t filter;
   PyObject* installed_weights;  // weight_tokens._installed
   PyObject* python_pack;        // any tensor: the Python path (subclasses, weight tokens, ...)
-  PyObject* python_leaf;        // a plain leaf without grad, as the engine asked
+  PyObject* python_leaf;        // a leaf without grad that may be a frozen parameter
   PyObject* python_unpack;      // anything but a SavedView of a plain tensor
   PyObject* on_error;           // an error of our op: raises it, named for the user
 };
@@ -197,6 +197,40 @@ PyObject* raise_named(SaveHooks* hooks) {
   return nullptr;
 }
 
+// The engine's answer for `t` (tensor), called with `not_a_weight`; nullptr with the error set.
+bool call_pack(SaveHooks* hooks, const at::Tensor& tensor, bool not_a_weight,
+               std::tuple<at::Tensor, int64_t>& result) {
+  try {
+    pybind11::gil_scoped_release no_gil;  // the op may wait on the in-flight bound
+    result = pack_op().call(tensor, hooks->manager, hooks->filter, not_a_weight);
+  } catch (...) {
+    raise_named(hooks);
+    return false;
+  }
+  return true;
+}
+
+// For a leaf without grad the engine asks whether it is a weight (activations._is_weight): whether
+// its base is an nn.Parameter (or a leaf that requires grad). 0 when the base is a plain tensor
+// that does not require grad and is not flagged as a parameter (`_is_param`, which isinstance(t,
+// Parameter) honours), 1 when Python must look (a Parameter, a subclass, a flag), -1 on error.
+int may_be_weight(PyObject* t, const at::Tensor& tensor) {
+  const bool view = tensor.is_view();
+  const at::TensorBase& base = view ? tensor._base() : static_cast<const at::TensorBase&>(tensor);
+  if (base.requires_grad()) return 1;
+  PyObject* base_object = view ? THPVariable_Wrap(base) : Py_NewRef(t);
+  if (base_object == nullptr) return -1;
+  int answer = 0;
+  if (Py_TYPE(base_object) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) {
+    answer = 1;
+  } else if (PyObject** dict = _PyObject_GetDictPtr(base_object);
+             dict != nullptr && *dict != nullptr) {
+    answer = PyDict_GetItemString(*dict, "_is_param") != nullptr ? 1 : 0;  // Python reads its value
+  }
+  Py_DECREF(base_object);
+  return answer;
+}
+
 PyObject* save_hooks_pack(PyObject* self, PyObject* t) {
   auto* hooks = reinterpret_cast<SaveHooks*>(self);
   if (Py_TYPE(t) != reinterpret_cast<PyTypeObject*>(THPVariableClass) ||
@@ -205,27 +239,28 @@ PyObject* save_hooks_pack(PyObject* self, PyObject* t) {
   }
   const at::Tensor& tensor = THPVariable_Unpack(t);
   std::tuple<at::Tensor, int64_t> result;
-  try {
-    pybind11::gil_scoped_release no_gil;  // the op may wait on the in-flight bound
-    result = pack_op().call(tensor, hooks->manager, hooks->filter, false);
-  } catch (...) {
-    return raise_named(hooks);
+  if (!call_pack(hooks, tensor, false, result)) return nullptr;
+  if (std::get<1>(result) == kLeafWithoutGrad) {
+    // A leaf without grad (rotary cos / sin, or a frozen parameter outside `keep`).
+    const int weight = may_be_weight(t, tensor);
+    if (weight != 0) return weight < 0 ? nullptr : PyObject_CallOneArg(hooks->python_leaf, t);
+    if (!call_pack(hooks, tensor, true, result)) return nullptr;
   }
   const auto& [save, decision] = result;
   if (save.defined()) {
     return new_saved_view(save, tensor.device());
   }
   if (decision == kKeep) {
-    Py_INCREF(t);
-    return t;
+    return Py_NewRef(t);
   }
-  // A leaf without grad (is it a frozen parameter?) or a tensor the engine leaves to the caller.
-  return PyObject_CallOneArg(decision == kLeafWithoutGrad ? hooks->python_leaf : hooks->python_pack,
-                             t);
+  return PyObject_CallOneArg(hooks->python_pack, t);  // a tensor the engine leaves to the caller
 }
 
 PyObject* save_hooks_unpack(PyObject* self, PyObject* packed) {
   auto* hooks = reinterpret_cast<SaveHooks*>(self);
+  if (Py_TYPE(packed) == reinterpret_cast<PyTypeObject*>(THPVariableClass)) {
+    return Py_NewRef(packed);  // kept on the device: saved as itself
+  }
   if (Py_TYPE(packed) != saved_view_type ||
       reinterpret_cast<SavedView*>(packed)->dtensor_spec != Py_None) {
     return PyObject_CallOneArg(hooks->python_unpack, packed);

@@ -56,6 +56,29 @@ def test_frozen_parameter_stays_and_a_plain_leaf_is_offloaded_without_keep():
     assert stats["saved_tensors"] == stats["offloaded_saves"] + stats["kept_saves"]
 
 
+def test_leaves_that_isinstance_calls_parameters_stay():
+    # isinstance(t, nn.Parameter) is also true for a tensor flagged `_is_param` (custom parameter
+    # types): such a leaf without grad, and views of it, stay on the device like a frozen weight.
+    flagged = torch.randn(32, 32)
+    flagged._is_param = True
+    frozen = nn.Parameter(torch.randn(32, 32), requires_grad=False)
+    plain = torch.randn(32, 32)
+    q = torch.randn(32, 32, requires_grad=True)
+    reference = q.detach().clone().requires_grad_()
+
+    def loss_of(q):
+        return (q * flagged).sum() + (q * frozen.t()).sum() + (q * plain[None]).sum()
+
+    loss_of(reference).backward()
+    hooks = torch_offload.offload_activations("all", min_bytes=0)
+    with hooks:
+        loss = loss_of(q)
+    loss.backward()
+    assert torch.equal(q.grad, reference.grad)
+    assert hooks.counts.kept_other == 2  # flagged, frozen.t(); plain (a view) offloaded
+    assert hooks.stats()["kept_bytes"] == flagged.nbytes + frozen.nbytes
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_leaves_without_grad_are_decided_by_the_engine_once_the_hooks_rule_out_a_weight(device):
     # Like rotary embeddings' cos / sin: computed without grad, viewed (unsqueeze) and saved by

@@ -16,3 +16,24 @@ python3 -c "import sys, torch; from torch_offload import _library; print(sys.ver
 python3 benchmarks/results/save_hooks_ab.py 4096 6 modules,all   # save_hooks_ab_4k_h100.log
 python3 benchmarks/results/save_hooks_ab.py 16384 2 modules      # save_hooks_ab_16k_h100.log
 }
+
+# Call 2: is the 4k modules forward bound by the host?
+s16call2() {
+python3 benchmarks/results/modules_forward_bound_4k.py 4096 8   # modules_forward_bound_4k_h100.log
+}
+
+# Call 3: py-spy over the 4k modules loop with the C hooks (the alternating script's first version
+# failed here: apply() returns the OffloadHandle, whose .modules holds the hooks).
+s16call3() {
+pip install -q --no-deps .whl/py_spy-0.4.3-py2.py3-none-manylinux1_x86_64.manylinux_2_5_x86_64.whl
+python3 benchmarks/results/modules_loop_4k.py 300 > modules_loop_4k_c_hooks_h100.log &
+sleep 25
+py-spy record --native --format raw --rate 100 -d 15 --pid $! -o modules_4k_c_hooks_pyspy_h100.txt
+}
+
+# Call 4 (run twice: the first run's "none" set had no filter to reset): the leaf check in C.
+s16call4() {
+(cd python_tests && python3 -m pytest -q -p no:cacheprovider -m cuda test_save_filter.py test_save_hooks_c.py \
+  test_activations_dedup.py test_modules.py)                          # gpu_pytest_cuda_h100_session16_call4.log
+python3 benchmarks/results/modules_hooks_alternating_4k.py 4096 60   # modules_hooks_alternating_4k_h100.log
+}

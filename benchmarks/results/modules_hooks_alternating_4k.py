@@ -1,0 +1,73 @@
+"""Issue 13 (session 16): the C save hooks against the Python ones in a 4k modules `*.self_attn`
+step, alternated step by step inside one applied handle (both hook sets on the handle's manager, the
+same kept storages and record), and against no save hooks at all in the selected modules ("none":
+plain training plus the module hooks' own cost), so that the host's speed, which drifts between
+rounds, is shared by each triple. Per hook set: the host's forward time (until the loss is returned), the forward thread's
+CPU time in it, and the whole step; medians and the median of the paired differences.
+
+    python3 benchmarks/results/modules_hooks_alternating_4k.py [SEQ] [TRIPLES]
+"""
+import os, statistics, sys, time, types
+import torch
+sys.path.insert(0, os.getcwd())
+import torch_offload
+from torch_offload import _library, activations
+from torch_offload.bench.common import build_llama
+
+seq = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+pairs = int(sys.argv[2]) if len(sys.argv) > 2 else 60
+REF = dict(layers=24, hidden=2048, intermediate=5632, heads=16, kv_heads=8, vocab=32000)
+model = build_llama(REF, "cuda", seq)
+ids = torch.randint(0, 32000, (1, seq), device="cuda")
+handle = torch_offload.apply(model, "modules", targets=["*.self_attn"]).modules
+c_hooks = handle.hooks
+assert hasattr(c_hooks.pack_hook, "__self__"), "the C save hooks did not load"
+activations.load_save_hooks = lambda: None
+python_hooks = activations.offload_activations("all", keep=activations.resident_tensors(model), record_offloaded=True,
+                                               warn_on_exit=False, manager=handle.manager)
+activations.load_save_hooks = _library.load_save_hooks
+
+
+class _NoSaveHooks:
+    """Entered by the module hooks like saved-tensor hooks, but installs none."""
+    filter = types.SimpleNamespace(reset_record=lambda: None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return False
+
+
+hook_sets = {"c": c_hooks, "python": python_hooks, "none": _NoSaveHooks()}
+rows = {name: {"step": [], "forward": [], "forward_cpu": []} for name in hook_sets}
+
+
+def step(name):
+    handle.hooks = hook_sets[name]
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    loss = model(input_ids=ids, labels=ids).loss
+    t1, c1 = time.perf_counter(), time.thread_time()
+    loss.backward()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t2 - t0) * 1e3, (t1 - t0) * 1e3, (c1 - c0) * 1e3
+
+
+NAMES = list(hook_sets)
+for i in range(6):
+    step(NAMES[i % 3])
+for i in range(pairs):
+    for name in NAMES[i % 3:] + NAMES[:i % 3]:  # each set first, second and third in turn
+        for key, value in zip(("step", "forward", "forward_cpu"), step(name)):
+            rows[name][key].append(value)
+print(f"seq {seq}, {pairs} triples of steps rotating the hook sets (order rotating); medians in ms")
+for name, row in rows.items():
+    print(f"{name:7s} step {statistics.median(row['step']):6.1f}  host forward {statistics.median(row['forward']):5.1f}"
+          f"  forward thread CPU {statistics.median(row['forward_cpu']):5.1f}")
+for a, b in (("python", "c"), ("c", "none"), ("python", "none")):
+    for key in ("step", "forward", "forward_cpu"):
+        diffs = [x - y for x, y in zip(rows[a][key], rows[b][key])]
+        print(f"{a} - {b}, {key}: median {statistics.median(diffs):+.2f} ms, mean {statistics.mean(diffs):+.2f} ms")
