@@ -159,13 +159,32 @@ PyObject* save_hooks_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   return reinterpret_cast<PyObject*>(self);
 }
 
-void save_hooks_dealloc(PyObject* self) {
+// SaveHooks holds Python functions, which may refer back to it: it takes part in garbage
+// collection.
+int save_hooks_traverse(PyObject* self, visitproc visit, void* arg) {
   auto* hooks = reinterpret_cast<SaveHooks*>(self);
-  Py_XDECREF(hooks->installed_weights);
-  Py_XDECREF(hooks->python_pack);
-  Py_XDECREF(hooks->python_leaf);
-  Py_XDECREF(hooks->python_unpack);
-  Py_XDECREF(hooks->on_error);
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(hooks->installed_weights);
+  Py_VISIT(hooks->python_pack);
+  Py_VISIT(hooks->python_leaf);
+  Py_VISIT(hooks->python_unpack);
+  Py_VISIT(hooks->on_error);
+  return 0;
+}
+
+int save_hooks_clear(PyObject* self) {
+  auto* hooks = reinterpret_cast<SaveHooks*>(self);
+  Py_CLEAR(hooks->installed_weights);
+  Py_CLEAR(hooks->python_pack);
+  Py_CLEAR(hooks->python_leaf);
+  Py_CLEAR(hooks->python_unpack);
+  Py_CLEAR(hooks->on_error);
+  return 0;
+}
+
+void save_hooks_dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  save_hooks_clear(self);
   PyTypeObject* type = Py_TYPE(self);
   type->tp_free(self);
   Py_DECREF(type);
@@ -301,12 +320,14 @@ PyType_Spec saved_view_spec = {"torch_offload._save_hooks.SavedView", sizeof(Sav
 PyType_Slot save_hooks_slots[] = {
     {Py_tp_new, reinterpret_cast<void*>(save_hooks_new)},
     {Py_tp_dealloc, reinterpret_cast<void*>(save_hooks_dealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(save_hooks_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(save_hooks_clear)},
     {Py_tp_methods, save_hooks_methods},
     {Py_tp_doc,
      const_cast<char*>("pack / unpack hooks of one offload_activations (see activations.py)")},
     {0, nullptr}};
 PyType_Spec save_hooks_spec = {"torch_offload._save_hooks.SaveHooks", sizeof(SaveHooks), 0,
-                               Py_TPFLAGS_DEFAULT, save_hooks_slots};
+                               Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, save_hooks_slots};
 
 PyModuleDef module_def{};  // filled in PyInit__save_hooks (C++17 has no designated initializers)
 

@@ -6,6 +6,7 @@ import gc
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,29 @@ def test_without_the_c_hooks_the_python_ones_run_and_give_the_same_gradients(tmp
                PYTHONPATH=str(Path(torch_offload.__file__).resolve().parents[1]))
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_a_cycle_through_the_c_hooks_is_collected(save_hooks):
+    if save_hooks != "c":
+        pytest.skip("the C hooks' own type")
+    module = _library.load_save_hooks()
+    manager = torch_offload.OffloadManager()
+    filter_id = manager.add_save_filter(0, False)
+
+    class Sentinel:
+        pass
+
+    sentinel, box = Sentinel(), []
+    alive = weakref.ref(sentinel)
+
+    def python_side(t, box=box, sentinel=sentinel):  # holds the box that will hold the hooks
+        return t
+
+    hooks = module.SaveHooks(manager.id(), filter_id, {}, python_side, python_side, python_side, python_side)
+    box.append(hooks)
+    del hooks, python_side, sentinel, box
+    gc.collect()
+    assert alive() is None
+    with pytest.raises(TypeError):
+        module.SaveHooks(manager.id(), filter_id, [], print, print, print, print)  # not a dict
+    manager.remove_save_filter(filter_id)

@@ -298,11 +298,12 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         # The usual case in C (pyext/save_hooks.cpp: the same decisions, without a Python frame or
         # the generic op binding per save), handing the rest to the functions above.
         c_hooks = load_save_hooks()
-        if c_hooks is not None:
+        if c_hooks is None:
+            super().__init__(pack, unpack)
+        else:
             hooks = c_hooks.SaveHooks(manager_id, filter_id, weight_tokens.registry(), python_pack, leaf, unpack,
                                       on_error)
-            pack, unpack = hooks.pack, hooks.unpack
-        super().__init__(pack, unpack)
+            super().__init__(hooks.pack, hooks.unpack)
 
     def __deepcopy__(self, memo):
         """Hooks like these for a copy of the model: the pack/unpack closures hold the manager id
