@@ -37,3 +37,15 @@ s16call4() {
   test_activations_dedup.py test_modules.py)                          # gpu_pytest_cuda_h100_session16_call4.log
 python3 benchmarks/results/modules_hooks_alternating_4k.py 4096 60   # modules_hooks_alternating_4k_h100.log
 }
+
+# Call 5 (carry .whl/trl-1.16.0-py3-none-any.whl): the final build.
+s16call5() {
+python3 -m pip install -q --no-deps --no-index .whl/trl-1.16.0-py3-none-any.whl
+(cd python_tests && python3 -m pytest -q -p no:cacheprovider -m cuda test_save_hooks_c.py test_save_filter.py \
+  test_activations.py test_modules.py test_layers.py)                 # gpu_pytest_cuda_h100_session16_call5.log
+python3 benchmarks/bench_modules.py --out $OUT/mod --seqs 4096,16384 --steps 5 --rounds 6               # modules_c_hooks_h100.*
+python3 benchmarks/bench_activations.py --out $OUT/act --seqs 16384 --variants none,all,trl --no-noise \
+  --soak-steps 2 --warmup 1 --steps 3                                                                     # activations_c_hooks_16k_h100.*
+python3 benchmarks/bench_activations.py --out $OUT/noise --seqs 4096 --variants none,all,modules --steps 3 \
+  --warmup 1 --soak-steps 2                                                                               # noise_c_hooks_4k_h100.*
+}
