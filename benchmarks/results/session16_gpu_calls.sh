@@ -49,3 +49,10 @@ python3 benchmarks/bench_activations.py --out $OUT/act --seqs 16384 --variants n
 python3 benchmarks/bench_activations.py --out $OUT/noise --seqs 4096 --variants none,all,modules --steps 3 \
   --warmup 1 --soak-steps 2                                                                               # noise_c_hooks_4k_h100.*
 }
+
+# Call 6: issue 10's comparisons step by step (see the README row: not valid for selective).
+s16call6() {
+python3 benchmarks/results/stepwise_issue10.py 4096 40 ckpt,hidden,hidden_nocopy,selective,selective_re   # stepwise_issue10_4k_h100.log
+python3 benchmarks/results/stepwise_issue10.py 16384 12 ckpt,hidden,hidden_nocopy,selective               # stepwise_issue10_16k_h100.log
+python3 benchmarks/results/stepwise_issue10.py 32768 6 ckpt,hidden,hidden_nocopy,selective                # stepwise_issue10_32k_h100.log
+}
