@@ -46,9 +46,11 @@ const c10::TypedOperatorHandle<UnpackOp>& unpack_op() {
 
 // What autograd keeps for one offloaded save: the save handle (a host tensor), the device to
 // restore to (a torch.device), and a DTensor's spec when the save is its local shard (set from
-// Python).
+// Python). Not tracked by the garbage collector (hundreds are made per step): none of the three
+// can lead back to it (the handle has no autograd history).
 struct SavedView {
-  PyObject_HEAD PyObject* save;
+  PyObject ob_base;  // PyObject_HEAD
+  PyObject* save;
   PyObject* device;
   PyObject* dtensor_spec;
 };
@@ -117,7 +119,8 @@ PyObject* new_saved_view(const at::Tensor& save, c10::Device device) {
 // One set of hooks: the manager and filter ids, the weight-token registry (a dict that is empty
 // unless layer offloading has weights installed), and the Python functions for the rest.
 struct SaveHooks {
-  PyObject_HEAD int64_t manager;
+  PyObject ob_base;  // PyObject_HEAD
+  int64_t manager;
   int64_t filter;
   PyObject* installed_weights;  // weight_tokens._installed
   PyObject* python_pack;        // any tensor: the Python path (subclasses, weight tokens, ...)

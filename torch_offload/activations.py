@@ -10,6 +10,9 @@ In "all" mode, a `disk_dir` together with `host_budget_bytes` makes tensors that
 budget spill to disk instead of failing.
 In every mode a storage region saved several times (a linear's input for q/k/v, a tensor and its
 transpose) is copied once and restored once per backward (csrc/saved_regions.h).
+The hooks autograd calls are C callables where they were built (pyext/save_hooks.cpp): a plain
+tensor's save and restore run no Python; the functions here decide everything else, and all of it
+where the C hooks are missing.
 """
 import copy
 import os
