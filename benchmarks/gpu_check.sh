@@ -122,7 +122,13 @@ if [ $rc != 0 ] && [ "$TESTS_FLAG" = ON ]; then
   configure OFF >>"$BUILD_LOG" 2>&1 || rc=$?
 fi
 if [ $rc = 0 ]; then
-  cmake --build build -j --target torch_offload >>"$BUILD_LOG" 2>&1 || rc=$?
+  # The library and, where this Python's headers are found, the C save hooks (pyext/save_hooks.cpp).
+  cmake --build build -j --target torch_offload_python >>"$BUILD_LOG" 2>&1 || rc=$?
+fi
+if compgen -G "build/_save_hooks.*.so" >/dev/null; then
+  note="${note}C save hooks built; "
+else
+  note="${note}C save hooks NOT built (no Python headers: the Python hooks run); "
 fi
 TEST_BUILD_RC=0
 if [ $rc = 0 ] && [ "$TESTS_FLAG" = ON ]; then
