@@ -5,7 +5,11 @@ plain training plus the module hooks' own cost), so that the host's speed, which
 rounds, is shared by each triple. Per hook set: the host's forward time (until the loss is returned), the forward thread's
 CPU time in it, and the whole step; medians and the median of the paired differences.
 
-    python3 benchmarks/results/modules_hooks_alternating_4k.py [SEQ] [TRIPLES]
+    python3 benchmarks/results/modules_hooks_alternating_4k.py [SEQ] [SETS] [all]
+
+With "poll", one more set: the C hooks with the releaser polling (needs the library built with
+session15_fence_poll_experiment.patch). With "all", two more sets: Python identity hooks (bare: what any saved-tensor hook costs in torch)
+and C hooks that keep every save (kept: the engine's decision per save, nothing copied).
 """
 import os, statistics, sys, time, types
 import torch
@@ -39,12 +43,35 @@ class _NoSaveHooks:
         return False
 
 
+class _BareHooks(torch.autograd.graph.saved_tensors_hooks):
+    """Python identity hooks: what any saved-tensor hook costs in torch, nothing of ours."""
+    filter = _NoSaveHooks.filter
+
+    def __init__(self):
+        super().__init__(lambda t: t, lambda t: t)
+
+
 hook_sets = {"c": c_hooks, "python": python_hooks, "none": _NoSaveHooks()}
+if len(sys.argv) > 3 and sys.argv[3] == "poll":
+    hook_sets["c@poll"] = c_hooks
+if len(sys.argv) > 3 and sys.argv[3] == "all":
+    # kept: C hooks whose filter keeps every save (min_bytes above any tensor): the engine's
+    # decision for each save, no copy, no table entry.
+    hook_sets.update(bare=_BareHooks(), kept=activations.offload_activations(
+        "all", min_bytes=1 << 62, keep=activations.resident_tensors(model), warn_on_exit=False,
+        manager=handle.manager))
 rows = {name: {"step": [], "forward": [], "forward_cpu": []} for name in hook_sets}
 
 
 def step(name):
-    handle.hooks = hook_sets[name]
+    # "NAME@poll": NAME's hooks with TORCH_OFFLOAD_FENCE_POLL set for the step (a build with
+    # session15_fence_poll_experiment.patch: the releaser polls each copy's event instead of spinning).
+    hooks_name, _, poll = name.partition("@")
+    if poll:
+        os.environ["TORCH_OFFLOAD_FENCE_POLL"] = "1"
+    else:
+        os.environ.pop("TORCH_OFFLOAD_FENCE_POLL", None)
+    handle.hooks = hook_sets[hooks_name]
     model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     t0, c0 = time.perf_counter(), time.thread_time()
@@ -57,17 +84,21 @@ def step(name):
 
 
 NAMES = list(hook_sets)
-for i in range(6):
-    step(NAMES[i % 3])
+for i in range(2 * len(NAMES)):
+    step(NAMES[i % len(NAMES)])
 for i in range(pairs):
-    for name in NAMES[i % 3:] + NAMES[:i % 3]:  # each set first, second and third in turn
+    shift = i % len(NAMES)
+    for name in NAMES[shift:] + NAMES[:shift]:  # each set at each place in turn
         for key, value in zip(("step", "forward", "forward_cpu"), step(name)):
             rows[name][key].append(value)
-print(f"seq {seq}, {pairs} triples of steps rotating the hook sets (order rotating); medians in ms")
+print(f"seq {seq}, {pairs} sets of steps rotating the hook sets (order rotating); medians in ms")
 for name, row in rows.items():
     print(f"{name:7s} step {statistics.median(row['step']):6.1f}  host forward {statistics.median(row['forward']):5.1f}"
           f"  forward thread CPU {statistics.median(row['forward_cpu']):5.1f}")
-for a, b in (("python", "c"), ("c", "none"), ("python", "none")):
+for a, b in (("python", "c"), ("c", "none"), ("python", "none"), ("bare", "none"), ("kept", "bare"), ("c", "kept"),
+             ("c", "c@poll"), ("c@poll", "none")):
+    if a not in rows or b not in rows:
+        continue
     for key in ("step", "forward", "forward_cpu"):
         diffs = [x - y for x, y in zip(rows[a][key], rows[b][key])]
         print(f"{a} - {b}, {key}: median {statistics.median(diffs):+.2f} ms, mean {statistics.mean(diffs):+.2f} ms")

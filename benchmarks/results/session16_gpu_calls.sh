@@ -56,3 +56,21 @@ python3 benchmarks/results/stepwise_issue10.py 4096 40 ckpt,hidden,hidden_nocopy
 python3 benchmarks/results/stepwise_issue10.py 16384 12 ckpt,hidden,hidden_nocopy,selective               # stepwise_issue10_16k_h100.log
 python3 benchmarks/results/stepwise_issue10.py 32768 6 ckpt,hidden,hidden_nocopy,selective                # stepwise_issue10_32k_h100.log
 }
+
+# Call 7: the 4k modules forward decomposed (no save hooks, bare Python hooks, C hooks keeping
+# every save, C hooks, Python hooks), step by step.
+s16call7() {
+python3 benchmarks/results/modules_hooks_alternating_4k.py 4096 40 all   # modules_hooks_decomposed_4k_h100.log
+}
+
+# Call 8 (library built with session15_fence_poll_experiment.patch applied): spinning against polling.
+s16call8() {
+python3 benchmarks/results/modules_hooks_alternating_4k.py 4096 40 poll  # modules_fence_poll_4k_h100.log
+}
+
+# Call 9 (library built with session16_save_path_timing.patch applied; run twice, the first run
+# with 60 steps only had the first step's pinned allocations in its totals): the save path by section.
+s16call9() {
+python3 benchmarks/results/modules_loop_4k.py 40 2> save_path_timing_4k_40_h100.log
+python3 benchmarks/results/modules_loop_4k.py 140 2> save_path_timing_4k_140_h100.log
+}
