@@ -74,3 +74,10 @@ s16call9() {
 python3 benchmarks/results/modules_loop_4k.py 40 2> save_path_timing_4k_40_h100.log
 python3 benchmarks/results/modules_loop_4k.py 140 2> save_path_timing_4k_140_h100.log
 }
+
+# Call 10: issue 10's comparisons step by step, one model copy per variant.
+s16call10() {
+python3 benchmarks/results/stepwise_models_issue10.py 4096 40 ckpt,ckpt_re,hidden,selective,selective_re   # stepwise_models_issue10_4k_h100.log
+python3 benchmarks/results/stepwise_models_issue10.py 16384 12 ckpt,hidden,selective                       # stepwise_models_issue10_16k_h100.log
+python3 benchmarks/results/stepwise_models_issue10.py 32768 6 ckpt,hidden,selective                        # stepwise_models_issue10_32k_h100.log
+}

@@ -1,0 +1,70 @@
+"""Issue 10 (session 16): hidden_states and selective against torch's checkpointing, step by step in
+one process, each variant on its own copy of the model (same weights, applied once), so that
+nothing is applied or removed between steps and the host's speed and the GPU's clocks, which drift
+between rounds, are shared by each set of steps.
+
+    python3 benchmarks/results/stepwise_models_issue10.py [SEQ] [SETS] [VARIANTS]
+
+VARIANTS (comma-separated): ckpt (the model's gradient_checkpointing_enable, use_reentrant=False),
+ckpt_re (torch's reentrant checkpoint), hidden, hidden_re, selective ("attention"), selective_re.
+Per variant: the median step, its peak allocated memory, and the median and mean over the sets of
+checkpointing's step / the variant's step (>1: faster than checkpointing).
+"""
+import copy, os, statistics, sys, time
+import torch
+sys.path.insert(0, os.getcwd())
+import torch_offload
+from torch_offload.bench.common import build_llama
+
+seq = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
+sets = int(sys.argv[2]) if len(sys.argv) > 2 else 12
+variants = (sys.argv[3] if len(sys.argv) > 3 else "ckpt,hidden,selective").split(",")
+REF = dict(layers=24, hidden=2048, intermediate=5632, heads=16, kv_heads=8, vocab=32000)
+base = build_llama(REF, "cuda", seq)
+ids = torch.randint(0, 32000, (1, seq), device="cuda")
+models, handles = {}, {}
+for v in variants:
+    model = copy.deepcopy(base)
+    if v.startswith("ckpt"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": v == "ckpt_re"})
+    else:
+        mode = "selective" if v.startswith("selective") else "hidden_states"
+        options = {"policy": "attention"} if mode == "selective" else {}
+        if v.endswith("_re"):
+            options["use_reentrant"] = True
+        handles[v] = torch_offload.apply(model, mode, **options)
+    models[v] = model
+del base
+
+
+def step(v):
+    model = models[v]
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    model(input_ids=ids, labels=ids).loss.backward()
+    torch.cuda.synchronize()
+    elapsed = (time.perf_counter() - t0) * 1e3
+    model.zero_grad(set_to_none=True)  # between steps only the copies' weights stay
+    return elapsed, torch.cuda.max_memory_allocated() / 1e9
+
+
+for i in range(2 * len(variants)):
+    step(variants[i % len(variants)])
+times = {v: [] for v in variants}
+peaks = {v: 0.0 for v in variants}
+for i in range(sets):
+    shift = i % len(variants)
+    for v in variants[shift:] + variants[:shift]:
+        ms, peak = step(v)
+        times[v].append(ms)
+        peaks[v] = max(peaks[v], peak)
+resident = sum(p.numel() * p.element_size() for p in models[variants[0]].parameters()) / 1e9
+print(f"seq {seq}, {sets} sets of one step per variant (order rotating), {len(variants)} model copies "
+      f"(peaks include every copy's weights: {resident:.2f} GB each); medians in ms")
+for v in variants:
+    speed = [c / t for c, t in zip(times["ckpt"], times[v])] if "ckpt" in times else []
+    extra = (f"  ckpt / variant: median {statistics.median(speed):.4f}x, mean {statistics.mean(speed):.4f}x"
+             if speed and v != "ckpt" else "")
+    print(f"{v:13s} {statistics.median(times[v]):8.1f} ms  peak {peaks[v]:6.2f} GB{extra}")
