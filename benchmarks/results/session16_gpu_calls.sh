@@ -81,3 +81,8 @@ python3 benchmarks/results/stepwise_models_issue10.py 4096 40 ckpt,ckpt_re,hidde
 python3 benchmarks/results/stepwise_models_issue10.py 16384 12 ckpt,hidden,selective                       # stepwise_models_issue10_16k_h100.log
 python3 benchmarks/results/stepwise_models_issue10.py 32768 6 ckpt,hidden,selective                        # stepwise_models_issue10_32k_h100.log
 }
+
+# Call 11: layer offloading's first figures.
+s16call11() {
+python3 benchmarks/bench_layers.py --out $OUT/layers   # layers_session16_h100.*
+}
