@@ -55,6 +55,24 @@ struct SavedView {
   PyObject* dtensor_spec;
 };
 
+// A SavedView of `type` holding `save` and `device`, new references it takes over (nullptr where
+// wrapping one failed: the error is set). Both constructors, Python's and the pack hook's, use it.
+PyObject* make_saved_view(PyTypeObject* type, PyObject* save, PyObject* device) {
+  SavedView* view = nullptr;
+  if (save != nullptr && device != nullptr) {
+    view = reinterpret_cast<SavedView*>(type->tp_alloc(type, 0));
+  }
+  if (view == nullptr) {
+    Py_XDECREF(save);
+    Py_XDECREF(device);
+    return nullptr;
+  }
+  view->save = save;
+  view->device = device;
+  view->dtensor_spec = Py_NewRef(Py_None);
+  return reinterpret_cast<PyObject*>(view);
+}
+
 PyObject* saved_view_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   static const char* names[] = {"save", "device", nullptr};
   PyObject* save = nullptr;
@@ -68,17 +86,7 @@ PyObject* saved_view_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
                     "SavedView(save, device): save must be a tensor and device a torch.device");
     return nullptr;
   }
-  auto* self = reinterpret_cast<SavedView*>(type->tp_alloc(type, 0));
-  if (self == nullptr) {
-    return nullptr;
-  }
-  Py_INCREF(save);
-  Py_INCREF(device);
-  Py_INCREF(Py_None);
-  self->save = save;
-  self->device = device;
-  self->dtensor_spec = Py_None;
-  return reinterpret_cast<PyObject*>(self);
+  return make_saved_view(type, Py_NewRef(save), Py_NewRef(device));
 }
 
 void saved_view_dealloc(PyObject* self) {
@@ -101,19 +109,7 @@ PyMemberDef saved_view_members[] = {
 PyTypeObject* saved_view_type = nullptr;  // made in PyInit__save_hooks
 
 PyObject* new_saved_view(const at::Tensor& save, c10::Device device) {
-  auto* view = reinterpret_cast<SavedView*>(saved_view_type->tp_alloc(saved_view_type, 0));
-  if (view == nullptr) {
-    return nullptr;
-  }
-  view->save = THPVariable_Wrap(save);
-  view->device = THPDevice_New(device);
-  Py_INCREF(Py_None);
-  view->dtensor_spec = Py_None;
-  if (view->save == nullptr || view->device == nullptr) {
-    Py_DECREF(view);
-    return nullptr;
-  }
-  return reinterpret_cast<PyObject*>(view);
+  return make_saved_view(saved_view_type, THPVariable_Wrap(save), THPDevice_New(device));
 }
 
 // One set of hooks: the manager and filter ids, the weight-token registry (a dict that is empty
