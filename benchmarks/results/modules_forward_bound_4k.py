@@ -14,14 +14,13 @@ import torch
 sys.path.insert(0, os.getcwd())
 import torch_offload
 from torch_offload import _library, activations
-from torch_offload.bench.common import build_llama
+from torch_offload.bench.common import REFERENCE as REF, build_llama
 
 seq = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 STEPS = 5
-REF = dict(layers=24, hidden=2048, intermediate=5632, heads=16, kv_heads=8, vocab=32000)
 model = build_llama(REF, "cuda", seq)
-ids = torch.randint(0, 32000, (1, seq), device="cuda")
+ids = torch.randint(0, REF["vocab"], (1, seq), device="cuda")
 variants = ["none", "modules@c", "modules@python", "nocopy@c", "mif16@c"]
 OPTIONS = {"modules": {}, "nocopy": {"keep_on_device_bytes": 10 ** 12}, "mif16": {"max_in_flight": 16}}
 

@@ -11,15 +11,14 @@ import os, statistics, sys, time
 import torch
 sys.path.insert(0, os.getcwd())
 import torch_offload
-from torch_offload.bench.common import build_llama
+from torch_offload.bench.common import REFERENCE as REF, build_llama
 
 seq = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 variants = (sys.argv[3] if len(sys.argv) > 3 else
             "ckpt,hidden_states,selective,selective_nocopy,ckpt_re,hidden_states_re,selective_re").split(",")
-REF = dict(layers=24, hidden=2048, intermediate=5632, heads=16, kv_heads=8, vocab=32000)
 model = build_llama(REF, "cuda", seq)
-ids = torch.randint(0, 32000, (1, seq), device="cuda")
+ids = torch.randint(0, REF["vocab"], (1, seq), device="cuda")
 
 
 def enable(v):

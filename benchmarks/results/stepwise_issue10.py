@@ -15,15 +15,13 @@ import os, statistics, sys, time
 import torch
 sys.path.insert(0, os.getcwd())
 import torch_offload
-from torch_offload.bench.common import build_llama
+from torch_offload.bench.common import REFERENCE as REF, TINY, build_llama
 
 seq = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
 sets = int(sys.argv[2]) if len(sys.argv) > 2 else 20
 variants = (sys.argv[3] if len(sys.argv) > 3 else "ckpt,hidden,selective").split(",")
-REF = dict(layers=24, hidden=2048, intermediate=5632, heads=16, kv_heads=8, vocab=32000)
-TINY = dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=128)  # CPU: a smoke run
 device = "cuda" if torch.cuda.is_available() else "cpu"
-shape = REF if device == "cuda" else TINY
+shape = REF if device == "cuda" else TINY  # CPU: a smoke run
 model = build_llama(shape, device, seq)
 ids = torch.randint(0, shape["vocab"], (1, seq), device=device)
 sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
