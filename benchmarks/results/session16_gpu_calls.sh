@@ -86,3 +86,9 @@ python3 benchmarks/results/stepwise_models_issue10.py 32768 6 ckpt,hidden,select
 s16call11() {
 python3 benchmarks/bench_layers.py --out $OUT/layers   # layers_session16_h100.*
 }
+
+# Call 12: after the review, the CUDA cases of the save-hook files.
+s16call12() {
+(cd python_tests && python3 -m pytest -q -p no:cacheprovider -m cuda test_save_hooks_c.py test_save_filter.py \
+  test_activations.py test_activations_dedup.py test_modules.py test_layers.py)   # gpu_pytest_cuda_h100_session16_call12.log
+}
