@@ -217,6 +217,13 @@ void Manager::add_entry_locked(const void* key, Entry entry, const at::Tensor& x
   }
 }
 
+void Manager::saved_again(const void* key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  save_order_.splice(save_order_.end(), save_order_, it->second.order_pos);  // iterators stay valid
+}
+
 Manager::HeldSource Manager::take_source_locked(Entry& entry) {
   HeldSource held{std::move(entry.source), entry.to_host_done, entry.source_device};
   entry.source = nullptr;

@@ -54,6 +54,11 @@ class Manager : public std::enable_shared_from_this<Manager> {
   // and nothing else prefetches its first restores (called while the LM head's backward runs, they
   // overlap it). A no-op for synchronous managers and where restores are plain copies.
   void prefetch_newest(c10::Device device, int64_t count);
+  // A later save shares the copy of the handle whose storage context is `key` (SavedRegions):
+  // backward unpacks that save first, so the entry moves to the newest end of the save order that
+  // backward's prefetches walk (rotary cos / sin, saved in the first block and again in every
+  // other, are restored first in the last block's backward). A no-op for an unknown key.
+  void saved_again(const void* key);
   // Makes the current stream wait for the handle's device-to-host copy and releases the device
   // source now. The background releaser frees sources in host order, and the host runs ahead of
   // the GPU, so the allocator would still count sources whose copies the GPU has not reached;

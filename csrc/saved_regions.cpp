@@ -188,6 +188,7 @@ at::Tensor SavedRegions::pack(const at::Tensor& t) {
       sweep_locked();
     }
   }
+  if (reused) manager_.saved_again(handle_storage->data_ptr().get_context());
   const c10::Storage storage(handle_storage);
   const c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
   if (copy->compact) {

@@ -11,14 +11,18 @@ from test_models import _steps_match_plain, _tiny_llama
 from torch_offload.first_restores import PrefetchFirstRestores
 
 
+# modules mode needs its targets; min_bytes=0: the tiny model's attention saves are small.
+_OPTIONS = {"hidden_states": {}, "selective": {}, "modules": {"targets": ["*.self_attn"], "min_bytes": 0}}
+
+
 def _prefetch_hooks(module):
     return [hook for hook in module._forward_hooks.values() if isinstance(hook, PrefetchFirstRestores)]
 
 
-@pytest.mark.parametrize("mode", ["hidden_states", "selective"])
+@pytest.mark.parametrize("mode", list(_OPTIONS))
 def test_the_lm_head_is_hooked_while_applied_and_a_copy_hooks_its_own_manager(mode):
     model = _tiny_llama("cpu", dropout=0.0)
-    handle = torch_offload.apply(model, mode)
+    handle = torch_offload.apply(model, mode, **_OPTIONS[mode])
     (hook,) = _prefetch_hooks(model.lm_head)
     assert hook.manager is handle.manager
     assert hook.count == handle.manager.prefetch_depth()  # one block's saves
@@ -39,14 +43,15 @@ def test_a_model_without_an_output_embedding_is_left_alone():
 
 
 @cuda_only
-@pytest.mark.parametrize("mode", ["hidden_states", "selective"])
+@pytest.mark.parametrize("mode", list(_OPTIONS))
 def test_every_restore_of_a_step_is_served_by_a_prefetch(mode):
-    # Without the hook backward's first restores (the last block's saves) are plain copies the
-    # compute stream waits for; with it they were started during the LM head's backward. Gradients
-    # stay those of plain training. (128 tokens: selective's attention output reaches min_bytes.)
+    # Without the hook backward's first restores (the last block's saves, or the last selected
+    # module's) are plain copies the compute stream waits for; with it they were started during the
+    # LM head's backward. Gradients stay those of plain training. (128 tokens: selective's attention
+    # output reaches min_bytes.)
     ours, plain = _tiny_llama("cuda", dropout=0.0), _tiny_llama("cuda", dropout=0.0)
     plain.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    handle = torch_offload.apply(ours, mode)
+    handle = torch_offload.apply(ours, mode, **_OPTIONS[mode])
     _steps_match_plain(ours, plain, "cuda", steps=1, shape=(2, 128))
     handle.manager.synchronize()
     stats = handle.stats()

@@ -114,6 +114,31 @@ TEST_F(SavedRegionsTest, OneRestorePerBackwardDroppedAfterTheLastUnpack) {
   EXPECT_EQ(stats().restores, 3);
 }
 
+TEST_F(SavedRegionsTest, ASaveSharingACopyMakesItTheNewestForPrefetch) {
+  // Rotary cos / sin: saved in the first block, shared by the saves of every later block, so
+  // backward unpacks them first. Prefetch follows the last save, not the first copy.
+  const at::Tensor cos = make_tensor({16, 8}, at::kFloat, 1);
+  const at::Tensor a = make_tensor({16, 8}, at::kFloat, 2);
+  const at::Tensor b = make_tensor({16, 8}, at::kFloat, 3);
+  const at::Tensor s_cos = regions_->pack(cos);
+  const at::Tensor s_a = regions_->pack(a);
+  const at::Tensor s_b = regions_->pack(b);
+  const at::Tensor s_cos_again = regions_->pack(cos.t());
+  ASSERT_EQ(region_stats().shared_saves, 1);
+  manager_->prefetch_newest(kCPU, 1);
+  auto to_device = transfer_->calls(Kind::kToDevice);
+  ASSERT_EQ(to_device.size(), 1u);
+  EXPECT_EQ(to_device[0].host_ptr, s_cos.data_ptr()) << "cos's copy, saved again last";
+  task_ = 3;  // backward: the newest save first, then b, a
+  expect_same_view(unpack(s_cos_again), cos.t());
+  expect_same_view(unpack(s_b), b);
+  expect_same_view(unpack(s_a), a);
+  expect_same_view(unpack(s_cos), cos);
+  EXPECT_EQ(stats().restores, 3);
+  EXPECT_EQ(stats().prefetch_hits, 3) << "each restore served by a prefetch";
+  end_backward();
+}
+
 TEST_F(SavedRegionsTest, TheBackwardsEndDropsWhatItsUnpacksDidNotUseUp) {
   const at::Tensor h = make_tensor({32, 8}, at::kFloat);
   const at::Tensor s1 = regions_->pack(h);

@@ -35,9 +35,9 @@ class PrefetchFirstRestores:
 
 
 def prefetch_first_restores(handle) -> None:
-    """Installs the hook for `handle`'s model and manager (apply(): hidden_states and selective
-    modes); handle.remove() removes it. Prefetches as many saves as the manager's prefetch depth
-    (the saves of one block)."""
+    """Installs the hook for `handle`'s model and manager (apply(): modes hidden_states, selective
+    and modules); handle.remove() removes it. Prefetches as many saves as the manager's prefetch
+    depth (the saves of one block, or of one selected module call)."""
     get_head = getattr(handle.model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     if not isinstance(head, nn.Module):

@@ -2,6 +2,7 @@
 are offloaded (see torch_offload.modules.offload_modules, torch_offload.module_presets)."""
 from torch import nn
 
+from ..first_restores import prefetch_first_restores
 from ..handle import OffloadHandle
 from ..modules import offload_modules
 from .options import ACTIVATION_OPTIONS, check_options, take_link_budget, watch_link
@@ -18,4 +19,5 @@ def apply_modules(model: nn.Module, blocks, manager, options: dict) -> OffloadHa
     handle = OffloadHandle(model, "modules", modules.manager, modules=modules)
     watch_link(handle, model, link_budget)
     handle.disable_hf_checkpointing()  # offloaded activations need no recompute
+    prefetch_first_restores(handle)  # the last selected module's saves, during the LM head's backward
     return handle
