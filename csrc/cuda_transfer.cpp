@@ -60,13 +60,18 @@ class FencePool : public std::enable_shared_from_this<FencePool> {
   std::vector<std::unique_ptr<CudaFence>> free_;
 };
 
-// Orders a side stream after the work queued so far on the compute stream: one event per thread
-// and device, recorded and waited on at once, so no other thread can record it in between.
-void side_stream_waits_for_compute(c10::DeviceIndex index, const c10::cuda::CUDAStream& side) {
+// Orders a side stream after the work queued so far on `stream`: one event per thread and
+// device, recorded and waited on at once, so no other thread can record it in between.
+void side_stream_waits_for(const c10::cuda::CUDAStream& stream, const c10::cuda::CUDAStream& side) {
   thread_local std::unordered_map<c10::DeviceIndex, at::cuda::CUDAEvent> events;
-  at::cuda::CUDAEvent& event = events[index];
-  event.record(at::cuda::getCurrentCUDAStream(index));
+  at::cuda::CUDAEvent& event = events[stream.device_index()];
+  event.record(stream);
   event.block(side);
+}
+
+// The same after the compute (current) stream.
+void side_stream_waits_for_compute(c10::DeviceIndex index, const c10::cuda::CUDAStream& side) {
+  side_stream_waits_for(at::cuda::getCurrentCUDAStream(index), side);
 }
 
 // cudaHostAlloc promises 256-byte alignment only: the driver packs small allocations into shared
@@ -125,6 +130,29 @@ class CudaTransfer final : public DeviceTransfer {
     side_stream_waits_for_compute(index, streams.to_host);  // the work that produces src
     C10_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(),
                                    cudaMemcpyDeviceToHost, streams.to_host.stream()));
+    std::shared_ptr<CudaFence> done = streams.fences->take();
+    done->event.record(streams.to_host);
+    return done;
+  }
+
+  FencePtr copy_to_host_batch(const std::vector<std::pair<at::Tensor, at::Tensor>>& copies,
+                              c10::Stream producer) override {
+    const c10::DeviceIndex index = producer.device_index();
+    c10::cuda::CUDAGuard guard(index);
+    const Streams& streams = streams_for(index);
+    side_stream_waits_for(c10::cuda::CUDAStream(producer), streams.to_host);
+    try {
+      for (const auto& [src, dst] : copies) {
+        C10_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(),
+                                       cudaMemcpyDeviceToHost, streams.to_host.stream()));
+      }
+    } catch (...) {
+      // The copies queued before the failing one would still run with no fence to tell when:
+      // let them finish, so the caller may free their memory.
+      (void)cudaStreamSynchronize(streams.to_host.stream());
+      (void)cudaGetLastError();
+      throw;
+    }
     std::shared_ptr<CudaFence> done = streams.fences->take();
     done->event.record(streams.to_host);
     return done;

@@ -15,14 +15,12 @@ DeferredReleaser::~DeferredReleaser() {
   worker_.join();
 }
 
-void DeferredReleaser::release_after(Fence fence, Payload payload, bool counts_in_flight) {
+void DeferredReleaser::release_after(Fence fence, Payload payload, int64_t copies_in_flight) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(Item{std::move(fence), std::move(payload), counts_in_flight});
-    if (counts_in_flight) {
-      in_flight_++;
-      in_flight_peak_ = std::max(in_flight_peak_, in_flight_);
-    }
+    queue_.push_back(Item{std::move(fence), std::move(payload), copies_in_flight});
+    in_flight_ += copies_in_flight;
+    in_flight_peak_ = std::max(in_flight_peak_, in_flight_);
   }
   work_ready_.notify_one();
 }
@@ -36,14 +34,14 @@ void DeferredReleaser::run() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    const bool counted = item.counts_in_flight;
+    const int64_t counted = item.copies_in_flight;
     item.fence();
     item.payload();
     // Destroy the closures (and the tensors/buffers they hold) before reporting progress.
     item = Item{};
     lock.lock();
     busy_ = false;
-    if (counted) in_flight_--;
+    in_flight_ -= counted;
     progress_.notify_all();
   }
 }

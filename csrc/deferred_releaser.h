@@ -22,9 +22,10 @@ class DeferredReleaser {
   DeferredReleaser(const DeferredReleaser&) = delete;
   DeferredReleaser& operator=(const DeferredReleaser&) = delete;
 
-  // Runs `payload` once `fence` returns. Items with counts_in_flight are copies in flight, the
-  // quantity that wait_in_flight_below bounds.
-  void release_after(Fence fence, Payload payload, bool counts_in_flight);
+  // Runs `payload` once `fence` returns. The item stands for `copies_in_flight` copies in flight
+  // (0: none; a batch of copies sharing one fence: several), the quantity wait_in_flight_below
+  // bounds.
+  void release_after(Fence fence, Payload payload, int64_t copies_in_flight);
 
   // Blocks the caller until fewer than `limit` counted items are pending; returns milliseconds
   // waited.
@@ -40,7 +41,7 @@ class DeferredReleaser {
   struct Item {
     Fence fence;
     Payload payload;
-    bool counts_in_flight;
+    int64_t copies_in_flight;
   };
   void run();
 

@@ -4,9 +4,11 @@
 // lives in cuda_transfer.cpp, and tests substitute a CPU implementation with controllable fences.
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 
 #include <memory>
 #include <utility>
+#include <vector>
 
 namespace torch_offload {
 
@@ -25,6 +27,12 @@ class DeviceTransfer {
   // Queues host `dst` <- device `src` (both contiguous, same bytes) on the device-to-host stream,
   // after the work the compute stream has queued so far (which produces `src`).
   virtual FencePtr copy_to_host(const at::Tensor& src, const at::Tensor& dst) = 0;
+  // Queues every host `second` <- device `first` of `copies` (all on `producer`'s device) on the
+  // device-to-host stream after the work `producer` has queued so far, which produces the sources;
+  // one fence completes with them all. Fewer calls than one copy_to_host each: the manager issues
+  // a selected module call's copies together (Manager::begin_batch).
+  virtual FencePtr copy_to_host_batch(const std::vector<std::pair<at::Tensor, at::Tensor>>& copies,
+                                      c10::Stream producer) = 0;
   // Allocates the result on `device`'s compute stream (memory from a side stream's pool would stay
   // there) and queues result <- `host` on the host-to-device stream after `ready` (the D2H fence).
   virtual std::pair<at::Tensor, FencePtr> copy_to_device(const at::Tensor& host, c10::Device device,

@@ -121,28 +121,31 @@ at::Tensor Manager::save(const at::Tensor& x) {
   }
   if (config_.release_sources_on_save) finish_all_saves();
   const bool kept = keeps_on_device(src, transfer);
+  // Queued, not issued: the batch issues the copy and commits it (manager_batch.cpp).
+  const bool batched = !kept && joins_batch(src, transfer, save_tiers_[tier_index - 1]);
 
   ToHostCopy copy;
   at::Tensor handle;
+  at::Tensor destination;
   try {
     if (kept) {
       // No copy now: the window's oldest entries are copied out under the lock, once this save
       // is in it; wait for the in-flight bound here, on their behalf.
       copy.host_wait_ms = releaser_.wait_in_flight_below(config_.max_in_flight);
     } else {
-      const at::Tensor destination =
+      destination =
           at::from_blob(stored->destination(), src.sizes(), src.options().device(c10::kCPU));
-      copy = copy_to_host(src, destination, transfer);
+      if (!batched) copy = copy_to_host(src, destination, transfer);
     }
     handle = make_handle(*stored, src);
-    if (!kept) stored->commit(copy.done);
+    if (!kept && !batched) stored->commit(copy.done);
   } catch (...) {
     // The copy may still write the tier's memory: free it once the copy has finished.
     std::function<void()> free = stored->release();
     const FencePtr done = copy.done;
     if (done && !done->query()) {
       releaser_.release_after([done] { done->synchronize(); }, std::move(free),
-                              /*counts_in_flight=*/false);
+                              /*copies_in_flight=*/0);
     } else {
       free();
     }
@@ -153,10 +156,19 @@ at::Tensor Manager::save(const at::Tensor& x) {
   entry.sizes = handle.sizes().vec();
   entry.strides = handle.strides().vec();
   entry.dtype = src.scalar_type();
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (tier_index > 1) counters_.spills++;  // the first tier declined it
-  if (kept) entry.kept_source = src;
-  add_entry_locked(handle.storage().data_ptr().get_context(), std::move(entry), x, copy);
+  const void* key = handle.storage().data_ptr().get_context();
+  bool batch_full = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (tier_index > 1) counters_.spills++;  // the first tier declined it
+    if (kept) entry.kept_source = src;
+    add_entry_locked(key, std::move(entry), x, copy);
+    if (batched) {
+      add_to_batch_locked(key, src, destination);
+      batch_full = pending_.size() >= kMaxBatch;
+    }
+  }
+  if (batch_full) issue_batch();
   return handle;
 }
 
@@ -191,7 +203,7 @@ Manager::ToHostCopy Manager::start_copy_to_host(const at::Tensor& src, const at:
   // The worker only moves the source to finished_sources_: see source_slot.h.
   releaser_.release_after([done] { done->synchronize(); },
                           [this, source] { finished_sources_.add(source->take()); },
-                          /*counts_in_flight=*/true);
+                          /*copies_in_flight=*/1);
   return copy;
 }
 
@@ -243,6 +255,7 @@ void Manager::finish_all_saves() {
   std::vector<HeldSource> held;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    issue_batch_locked();  // a pending copy has no fence to wait for yet
     for (auto& [key, entry] : entries_) {
       if (entry.source) held.push_back(take_source_locked(entry));
     }
@@ -256,6 +269,7 @@ void Manager::finish_save(const at::Tensor& handle) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Entry* entry = find_entry_locked(handle, "finish_save");
+    if (entry != nullptr && entry->copy_pending) issue_batch_locked();
     if (entry == nullptr || !entry->source) return;  // nothing held (CPU, synchronous)
     held = take_source_locked(*entry);
   }
@@ -278,6 +292,14 @@ void Manager::on_handle_freed(const void* key) {
     auto it = entries_.find(key);
     if (it == entries_.end()) return;  // its save failed after making it
     Entry& entry = it->second;
+    if (entry.copy_pending) {
+      // Its memory must not be reused before the queued copy into it has run: issue the batch.
+      // A deleter must not throw: if that fails, the entry holds its source (dropped below).
+      try {
+        issue_batch_locked();
+      } catch (...) {
+      }
+    }
     if (entry.in_window) leave_window_locked(entry);
     kept = std::move(entry.kept_source);
     last = entry.last_fence;
@@ -295,7 +317,7 @@ void Manager::on_handle_freed(const void* key) {
   // only once that copy has finished, so no buffer is handed out while a DMA still touches it.
   if (last && !last->query()) {
     releaser_.release_after([last] { last->synchronize(); }, std::move(release),
-                            /*counts_in_flight=*/false);
+                            /*copies_in_flight=*/0);
   } else {
     release();
   }
@@ -335,6 +357,7 @@ void Manager::synchronize() {
   std::vector<FencePtr> fences;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    issue_batch_locked();
     for (auto& [key, entry] : entries_) {
       if (entry.last_fence) fences.push_back(entry.last_fence);
     }

@@ -4,6 +4,7 @@
 // Thread-safe: backward runs on autograd worker threads while the main thread may still save.
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -12,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -54,6 +56,17 @@ class Manager : public std::enable_shared_from_this<Manager> {
   // and nothing else prefetches its first restores (called while the LM head's backward runs, they
   // overlap it). A no-op for synchronous managers and where restores are plain copies.
   void prefetch_newest(c10::Device device, int64_t count);
+  // Saves on this thread, from begin_batch() until the matching end_batch() (calls nest), queue
+  // their device-to-host copies and issue them together: one ordering point after the compute
+  // stream and one fence per batch instead of per copy (modes "modules": each selected module's
+  // call). A batch is issued at end_batch, when kMaxBatch copies are pending, and before anything
+  // uses a pending copy (a restore, a prefetch, finish_save, synchronize, a handle's death). A
+  // batch is issued once fewer than max_in_flight copies are in flight, so the bound may be passed
+  // by a batch. Other threads' saves, synchronous managers and the disk tier copy one by one.
+  void begin_batch();
+  void end_batch();
+  static constexpr size_t kMaxBatch = 16;  // pending sources stay on the device until issued
+
   // A later save shares the copy of the handle whose storage context is `key` (SavedRegions):
   // backward unpacks that save first, so the entry moves to the newest end of the save order that
   // backward's prefetches walk (rotary cos / sin, saved in the first block and again in every
@@ -113,7 +126,8 @@ class Manager : public std::enable_shared_from_this<Manager> {
     // The device source while the entry is kept on the device (keep_on_device_bytes): no copy
     // started, the host memory unwritten. Held until the handle dies once a restore used it.
     at::Tensor kept_source;
-    bool in_window = false;  // kept and still counted in the window of the newest saves
+    bool in_window = false;     // kept and still counted in the window of the newest saves
+    bool copy_pending = false;  // its copy waits in pending_ (a batch): no fence, no source yet
     bool restored = false;
     std::list<const void*>::iterator order_pos;
     std::list<const void*>::iterator window_pos;
@@ -181,6 +195,23 @@ class Manager : public std::enable_shared_from_this<Manager> {
   // A restore served by the kept source: a new tensor on the source's memory.
   at::Tensor restore_kept_locked(Entry& entry, c10::Device device, DeviceTransfer* transfer);
 
+  // The batch (manager_batch.cpp): copies queued by saves since begin_batch, not issued yet.
+  struct PendingCopy {
+    const void* key;         // the entry's
+    at::Tensor source;       // contiguous, on the device
+    at::Tensor destination;  // the entry's host memory
+  };
+  // Whether a save of `src` into a tier joins this thread's batch.
+  bool joins_batch(const at::Tensor& src, const DeviceTransfer* transfer, const Tier* tier) const;
+  // Queues the copy of the entry `key` (just added); issues the batch when it is full.
+  void add_to_batch_locked(const void* key, const at::Tensor& src, const at::Tensor& destination);
+  // Issues the pending copies, if any: their entries get the batch's fence and their sources go to
+  // the releaser. If the copies cannot be issued, their entries keep their sources on the device
+  // (restores are served from there) and the error is raised.
+  void issue_batch_locked();
+  // issue_batch_locked after waiting for the in-flight bound (not under the lock).
+  void issue_batch();
+
   // A source taken out of its entry, to be released after the compute stream waits for its copy.
   struct HeldSource {
     std::shared_ptr<SourceSlot> source;
@@ -206,6 +237,13 @@ class Manager : public std::enable_shared_from_this<Manager> {
   std::atomic<int64_t> keep_limit_{
       0};                  // the window's size: config's, then set_keep_on_device_bytes
   OffloadStats counters_;  // the event counters part of the stats
+
+  std::vector<PendingCopy> pending_;  // the batch, in save order
+  c10::Stream batch_stream_{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};  // its sources' producer
+  // The thread whose saves are batched now (read without the lock by saves), and its nested
+  // begin_batch calls (under the lock).
+  std::atomic<std::thread::id> batch_thread_{};
+  int batch_depth_ = 0;
 
   std::unique_ptr<SavedRegions> regions_;  // uses save / restore above
   SaveFilters filters_;

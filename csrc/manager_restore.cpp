@@ -38,6 +38,7 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
   device = with_index(device);
   DeviceTransfer* transfer = transfer_for(device);
   std::unique_lock<std::mutex> lock(mutex_);
+  issue_batch_locked();  // a pending copy (of this entry or the ones prefetched next) has no fence
   Entry* found = find_entry_locked(handle, "offload_restore");
   if (found == nullptr) {
     // A view of a host-tier handle (its transpose, a slice), a copy of one, or any host tensor:
@@ -87,7 +88,7 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
         releaser_.release_after(
             [done] { done->synchronize(); },
             [unused = std::move(entry.prefetched)]() mutable { unused = at::Tensor(); },
-            /*counts_in_flight=*/false);
+            /*copies_in_flight=*/0);
         entry.prefetched = at::Tensor();
       }
     }
@@ -103,7 +104,7 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
       const FencePtr fence = transfer != nullptr ? entry.last_fence : nullptr;
       if (fence && !fence->query()) {
         releaser_.release_after([fence] { fence->synchronize(); }, std::move(bytes.release),
-                                /*counts_in_flight=*/false);
+                                /*copies_in_flight=*/0);
       } else {
         bytes.release();
       }
@@ -142,6 +143,7 @@ void Manager::prefetch(const at::Tensor& handle, c10::Device device) {
   device = with_index(device);
   DeviceTransfer* transfer = transfer_for(device);
   std::lock_guard<std::mutex> lock(mutex_);
+  issue_batch_locked();
   Entry* found = find_entry_locked(handle, "prefetch");
   TORCH_CHECK(
       found != nullptr,
@@ -161,6 +163,7 @@ void Manager::prefetch_newest(c10::Device device, int64_t count) {
   DeviceTransfer* transfer = transfer_for(device);
   if (config_.synchronous || transfer == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
+  issue_batch_locked();
   prefetch_walk_locked(save_order_.end(), device, transfer, count, /*reads=*/0);
 }
 

@@ -15,6 +15,9 @@ struct OffloadStats {
   int64_t prefetches = 0;      // host-to-device copies started ahead of their restore
   int64_t prefetch_hits = 0;   // restores served by such a copy
   int64_t in_flight_peak = 0;  // most device-to-host copies in flight at once
+  // Device-to-host copies issued in batches (Manager::begin_batch), and the batches.
+  int64_t batched_copies = 0;
+  int64_t copy_batches = 0;
   int64_t host_bytes_in_use = 0;
   int64_t host_bytes_peak = 0;
   int64_t host_bytes_cached = 0;
@@ -60,6 +63,8 @@ struct OffloadStats {
             {"prefetches", double(prefetches)},
             {"prefetch_hits", double(prefetch_hits)},
             {"in_flight_peak", double(in_flight_peak)},
+            {"batched_copies", double(batched_copies)},
+            {"copy_batches", double(copy_batches)},
             {"host_bytes_in_use", double(host_bytes_in_use)},
             {"host_bytes_peak", double(host_bytes_peak)},
             {"host_bytes_cached", double(host_bytes_cached)},

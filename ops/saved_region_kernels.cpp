@@ -1,5 +1,6 @@
 // Kernels of offload_pack / offload_pack_filtered / offload_unpack (the save hooks' deduplicated
-// saves, csrc/saved_regions.h, and their filter, csrc/save_filter.h). Registered as
+// saves, csrc/saved_regions.h, and their filter, csrc/save_filter.h) and offload_batch (their
+// copies issued together, Manager::begin_batch). Registered as
 // CompositeImplicitAutograd: they run above autograd, where the saved tensor's view base is
 // visible, and call no differentiable op (the guard keeps the engine's own view and copy ops out of
 // autograd), so their outputs carry no autograd history.
@@ -37,6 +38,15 @@ at::Tensor offload_unpack(const at::Tensor& save, c10::Device device, int64_t ma
   return torch_offload::find_manager(manager)->saved_regions().unpack(save, device);
 }
 
+void offload_batch(int64_t manager, bool begin) {
+  const auto found = torch_offload::find_manager(manager);
+  if (begin) {
+    found->begin_batch();
+  } else {
+    found->end_batch();
+  }
+}
+
 // The autograd engine's running backward, so that the unpacks of one backward share a restore.
 const bool backward_scope_set = [] {
   torch_offload::set_default_backward_scope(
@@ -53,4 +63,5 @@ TORCH_LIBRARY_IMPL(offload, CompositeImplicitAutograd, m) {
   m.impl("offload_pack", &offload_pack);
   m.impl("offload_pack_filtered", &offload_pack_filtered);
   m.impl("offload_unpack", &offload_unpack);
+  m.impl("offload_batch", &offload_batch);
 }

@@ -29,6 +29,7 @@ constexpr int64_t kLeafWithoutGrad = 3;
 
 using PackOp = std::tuple<at::Tensor, int64_t>(const at::Tensor&, int64_t, int64_t, bool);
 using UnpackOp = at::Tensor(const at::Tensor&, c10::Device, int64_t);
+using BatchOp = void(int64_t, bool);
 
 const c10::TypedOperatorHandle<PackOp>& pack_op() {
   static const auto op = c10::Dispatcher::singleton()
@@ -41,6 +42,12 @@ const c10::TypedOperatorHandle<UnpackOp>& unpack_op() {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("offload::offload_unpack", "")
                              .typed<UnpackOp>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<BatchOp>& batch_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("offload::offload_batch", "").typed<BatchOp>();
   return op;
 }
 
@@ -139,6 +146,7 @@ PyObject* save_hooks_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   try {
     pack_op();  // the library must be loaded: fail here, not in a hook
     unpack_op();
+    batch_op();
   } catch (const std::exception& error) {
     PyErr_SetString(PyExc_RuntimeError, error.what());
     return nullptr;
@@ -296,9 +304,29 @@ PyObject* save_hooks_unpack(PyObject* self, PyObject* packed) {
   return THPVariable_Wrap(std::move(restored));
 }
 
+// offload_batch: begin, or end and issue, a batch of this thread's copies (offload_activations'
+// batch_copies: modules mode, per selected module call).
+PyObject* save_hooks_batch(PyObject* self, bool begin) {
+  auto* hooks = reinterpret_cast<SaveHooks*>(self);
+  try {
+    pybind11::gil_scoped_release no_gil;  // issuing waits on the in-flight bound
+    batch_op().call(hooks->manager, begin);
+  } catch (...) {
+    return raise_named(hooks);
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* save_hooks_begin_batch(PyObject* self, PyObject*) { return save_hooks_batch(self, true); }
+
+PyObject* save_hooks_end_batch(PyObject* self, PyObject*) { return save_hooks_batch(self, false); }
+
 PyMethodDef save_hooks_methods[] = {
     {"pack", save_hooks_pack, METH_O, "the pack hook: what autograd keeps for a saved tensor"},
     {"unpack", save_hooks_unpack, METH_O, "the unpack hook: the saved tensor again"},
+    {"begin_batch", save_hooks_begin_batch, METH_NOARGS,
+     "this thread's saves queue their copies (offload_batch)"},
+    {"end_batch", save_hooks_end_batch, METH_NOARGS, "issues the queued copies (offload_batch)"},
     {nullptr, nullptr, 0, nullptr}};
 
 const char saved_view_doc[] =

@@ -40,6 +40,27 @@ def test_modules_mode_matches_plain_training(device, targets):
     stats = handle.stats()
     assert stats["saves"] > 0 and stats["saves"] == stats["restores"]
     assert stats["live_handles"] == 0
+    if device == "cuda":  # each selected call's copies were issued together (CPU copies at once)
+        assert stats["batched_copies"] == stats["saves"]
+        assert 0 < stats["copy_batches"] < stats["saves"]
+
+
+def test_each_selected_call_brackets_its_copies_in_a_batch(save_hooks, monkeypatch):
+    # The Python hooks call the op through activations.offload_batch (the C ones from C): one
+    # begin and one end per selected call, so each call's copies are issued when it returns.
+    from torch_offload import activations
+    calls = []
+    real = activations.offload_batch
+    monkeypatch.setattr(activations, "offload_batch", lambda manager, begin: calls.append(begin) or real(manager, begin))
+    model = _tiny_llama("cpu", dropout=0.0)
+    handle = torch_offload.apply(model, mode="modules", targets=["*.self_attn"], min_bytes=0)
+    assert handle.modules.hooks.batch_copies
+    ids = torch.randint(0, 256, (2, 32))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert calls == ([True, False] * 3 if save_hooks == "python" else [])
+    with torch.no_grad():  # no hooks entered: no batch
+        model(input_ids=ids)
+    assert len(calls) == (6 if save_hooks == "python" else 0)
 
 
 def _count_saves(model, ids, targets=None):

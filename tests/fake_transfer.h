@@ -16,6 +16,7 @@
 #include <ATen/ops/empty.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -131,6 +132,40 @@ class FakeTransfer final : public DeviceTransfer {
     return fence;
   }
 
+  // One fence for the batch; a Call per copy (kToHost), all with that fence.
+  FencePtr copy_to_host_batch(const std::vector<std::pair<at::Tensor, at::Tensor>>& copies,
+                              c10::Stream producer) override {
+    TORCH_CHECK(!fail_batches_, "fake transfer: the batch could not be issued");
+    std::vector<std::function<void()>> memcpys;
+    for (const auto& [src, dst] : copies) {
+      EXPECT_TRUE(src.is_contiguous());
+      EXPECT_TRUE(dst.is_cpu());
+      EXPECT_EQ(src.device(), producer.device());
+      EXPECT_EQ(src.nbytes(), dst.nbytes());
+      const size_t nbytes = std::min(src.nbytes(), dst.nbytes());
+      const void* from = src.const_data_ptr();
+      void* to = dst.data_ptr();
+      memcpys.emplace_back([from, to, nbytes] {
+        if (nbytes > 0) std::memcpy(to, from, nbytes);
+      });
+    }
+    auto fence = std::make_shared<FakeFence>(
+        [memcpys] {
+          for (const auto& copy : memcpys) copy();
+        },
+        nullptr);
+    batches_++;
+    for (const auto& [src, dst] : copies) {
+      record(Call{Kind::kToHost, dst.data_ptr(), dst.nbytes(), src.device(), fence, nullptr});
+    }
+    schedule(fence);
+    return fence;
+  }
+  // copy_to_host_batch calls so far.
+  int batches() const { return batches_.load(); }
+  // copy_to_host_batch throws from now on (a driver error), before queueing anything.
+  void fail_batches(bool fail) { fail_batches_ = fail; }
+
   std::pair<at::Tensor, FencePtr> copy_to_device(const at::Tensor& host, c10::Device device,
                                                  const FencePtr& ready) override {
     EXPECT_TRUE(host.is_cpu());
@@ -225,6 +260,9 @@ class FakeTransfer final : public DeviceTransfer {
   }
 
  private:
+  std::atomic<int> batches_{0};
+  std::atomic<bool> fail_batches_{false};
+
   void record(Call call) {
     std::lock_guard<std::mutex> lock(mutex_);
     calls_.push_back(std::move(call));

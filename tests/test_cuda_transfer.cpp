@@ -190,6 +190,42 @@ TEST_F(CudaTransferTest, CopiesAreOrderedAgainstANonDefaultComputeStream) {
   manager_->synchronize();
   stream.synchronize();
 }
+
+TEST_F(CudaTransferTest, ABatchOfCopiesIsOrderedAgainstANonDefaultComputeStream) {
+  // As above, the copies queued in a batch (Manager::begin_batch) and issued at its end, after
+  // all the work that produced them; one restore is asked for before the batch ends.
+  manager_ = Manager::create(testing::make_config(4, 1, 0));
+  c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, 0);
+  c10::cuda::CUDAStreamGuard guard(stream);
+  std::vector<at::Tensor> hs, expected;
+  manager_->begin_batch();
+  for (int i = 0; i < 6; ++i) {
+    at::Tensor a = at::randn({1024, 1024}, cuda());
+    at::Tensor y = at::mm(a, a).add_(i);
+    expected.push_back(y.clone());
+    hs.push_back(manager_->save(y));
+    y.reset();
+    at::Tensor scribble = at::empty({1024, 1024}, cuda()).fill_(-1.0);
+    (void)scribble;
+  }
+  EXPECT_TRUE(at::equal(manager_->restore(hs[2], c10::Device(c10::kCUDA, 0)), expected[2]));
+  for (int i = 6; i < 9; ++i) {  // a second batch, issued at the end
+    at::Tensor y = at::randn({512, 1024}, cuda()).mul_(i);
+    expected.push_back(y.clone());
+    hs.push_back(manager_->save(y));
+  }
+  manager_->end_batch();
+  for (int i = 8; i >= 0; --i) {
+    if (i == 2) continue;
+    at::Tensor r = manager_->restore(hs[i], c10::Device(c10::kCUDA, 0));
+    EXPECT_TRUE(at::equal(r, expected[i])) << i;
+  }
+  const OffloadStats s = manager_->stats();
+  EXPECT_EQ(s.batched_copies, 9);
+  EXPECT_EQ(s.copy_batches, 2);
+  manager_->synchronize();
+  stream.synchronize();
+}
 #endif
 
 }  // namespace

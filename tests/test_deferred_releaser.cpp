@@ -42,7 +42,7 @@ TEST(DeferredReleaserTest, PayloadRunsOnlyAfterItsFenceReturns) {
   Gate gate;
   std::atomic<bool> ran{false};
   releaser.release_after(
-      gate.fence(), [&] { ran = true; }, true);
+      gate.fence(), [&] { ran = true; }, 1);
   std::this_thread::sleep_for(kSettle);
   EXPECT_FALSE(ran) << "payload ran before its fence completed";
   gate.open();
@@ -58,7 +58,7 @@ TEST(DeferredReleaserTest, PayloadCapturesAreDestroyedOnceReleased) {
   auto resource = std::make_shared<int>(42);
   std::weak_ptr<int> weak = resource;
   releaser.release_after(
-      gate.fence(), [resource] {}, true);
+      gate.fence(), [resource] {}, 1);
   resource.reset();
   std::this_thread::sleep_for(kSettle);
   EXPECT_FALSE(weak.expired());
@@ -78,11 +78,11 @@ TEST(DeferredReleaserTest, CapturesMayQueueMoreWorkWhenDestroyed) {
     std::shared_ptr<std::atomic<bool>> ran;
     ~Requeue() {
       auto flag = ran;
-      releaser->release_after([] {}, [flag] { *flag = true; }, false);
+      releaser->release_after([] {}, [flag] { *flag = true; }, 0);
     }
   };
   std::shared_ptr<Requeue> capture(new Requeue{releaser.get(), second_ran});
-  releaser->release_after([] {}, [capture] {}, true);
+  releaser->release_after([] {}, [capture] {}, 1);
   capture.reset();
   auto drained = std::async(std::launch::async, [&] {
     releaser->drain();
@@ -102,11 +102,11 @@ TEST(DeferredReleaserTest, InFlightCountsOnlyCountedItems) {
   DeferredReleaser releaser;
   Gate g1, g2, g3;
   releaser.release_after(
-      g1.fence(), [] {}, true);
+      g1.fence(), [] {}, 1);
   releaser.release_after(
-      g2.fence(), [] {}, false);
+      g2.fence(), [] {}, 0);
   releaser.release_after(
-      g3.fence(), [] {}, true);
+      g3.fence(), [] {}, 1);
   EXPECT_EQ(releaser.in_flight(), 2);
   EXPECT_EQ(releaser.in_flight_peak(), 2);
   g1.open();
@@ -117,14 +117,31 @@ TEST(DeferredReleaserTest, InFlightCountsOnlyCountedItems) {
   EXPECT_EQ(releaser.in_flight_peak(), 2);
 }
 
+TEST(DeferredReleaserTest, ABatchCountsAsItsCopies) {
+  DeferredReleaser releaser;
+  Gate batch, single;
+  releaser.release_after(
+      batch.fence(), [] {}, 3);  // three copies sharing one fence
+  releaser.release_after(
+      single.fence(), [] {}, 1);
+  EXPECT_EQ(releaser.in_flight(), 4);
+  EXPECT_EQ(releaser.in_flight_peak(), 4);
+  batch.open();
+  EXPECT_LT(releaser.wait_in_flight_below(2), 60000.0);  // returns once the batch is released
+  EXPECT_EQ(releaser.in_flight(), 1);
+  single.open();
+  releaser.drain();
+  EXPECT_EQ(releaser.in_flight(), 0);
+}
+
 TEST(DeferredReleaserTest, WaitInFlightBelowBlocksUntilAFenceIsReleased) {
   DeferredReleaser releaser;
   Gate g1, g2;
   std::atomic<int> released{0};
   releaser.release_after(
-      g1.fence(), [&] { released++; }, true);
+      g1.fence(), [&] { released++; }, 1);
   releaser.release_after(
-      g2.fence(), [&] { released++; }, true);
+      g2.fence(), [&] { released++; }, 1);
   ASSERT_EQ(releaser.in_flight(), 2);
 
   // Below the limit: returns at once.
@@ -155,9 +172,9 @@ TEST(DeferredReleaserTest, UncountedItemsDoNotBlockTheBound) {
   DeferredReleaser releaser;
   Gate g;
   releaser.release_after(
-      g.fence(), [] {}, false);
+      g.fence(), [] {}, 0);
   releaser.release_after(
-      g.fence(), [] {}, false);
+      g.fence(), [] {}, 0);
   auto waiter = std::async(std::launch::async, [&] { return releaser.wait_in_flight_below(1); });
   EXPECT_TRUE(finishes_within(waiter, 2000ms));
   g.open();
@@ -169,9 +186,9 @@ TEST(DeferredReleaserTest, DrainBlocksUntilEveryItemIsReleased) {
   Gate g1, g2;
   std::atomic<int> ran{0};
   releaser.release_after(
-      g1.fence(), [&] { ran++; }, true);
+      g1.fence(), [&] { ran++; }, 1);
   releaser.release_after(
-      g2.fence(), [&] { ran++; }, false);
+      g2.fence(), [&] { ran++; }, 0);
   std::atomic<bool> returned{false};
   auto drainer = std::async(std::launch::async, [&] {
     releaser.drain();
@@ -201,7 +218,7 @@ TEST(DeferredReleaserTest, DestructorWaitsForFencesAndRunsEveryPayload) {
   {
     DeferredReleaser releaser;
     releaser.release_after(
-        gate.fence(), [&] { ran++; }, true);
+        gate.fence(), [&] { ran++; }, 1);
     for (int i = 0; i < 5; ++i) {
       releaser.release_after(
           open_fence(), [&, resource] { ran++; }, i % 2 == 0);
@@ -222,7 +239,7 @@ TEST(DeferredReleaserTest, InFlightPeakAndReset) {
   std::vector<Gate> gates(3);
   for (auto& g : gates)
     releaser.release_after(
-        g.fence(), [] {}, true);
+        g.fence(), [] {}, 1);
   EXPECT_EQ(releaser.in_flight_peak(), 3);
   for (auto& g : gates) g.open();
   releaser.drain();
@@ -233,7 +250,7 @@ TEST(DeferredReleaserTest, InFlightPeakAndReset) {
 
   Gate g;
   releaser.release_after(
-      g.fence(), [] {}, true);
+      g.fence(), [] {}, 1);
   EXPECT_EQ(releaser.in_flight_peak(), 1);
   g.open();
   releaser.drain();

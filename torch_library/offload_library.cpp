@@ -17,6 +17,9 @@ TORCH_LIBRARY(offload, m) {
       "offload_pack_filtered(Tensor t, int manager, int filter, bool not_a_weight=False) -> "
       "(Tensor, int)");
   m.def("offload_unpack(Tensor save, Device device, int manager) -> Tensor");
+  // Eager save hooks only: begin (or end and issue) a batch of the manager's device-to-host copies
+  // for the saves of this thread (Manager::begin_batch; mode "modules", per selected module call).
+  m.def("offload_batch(int manager, bool begin) -> ()");
 
   using torch_offload::OffloadManager;
   m.class_<OffloadManager>("OffloadManager")

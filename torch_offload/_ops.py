@@ -70,6 +70,7 @@ offload_pack = torch.ops.offload.offload_pack.default
 # The save hooks' pack of a plain tensor after the engine's filter (csrc/save_filter.h).
 offload_pack_filtered = torch.ops.offload.offload_pack_filtered.default
 offload_unpack = torch.ops.offload.offload_unpack.default
+offload_batch = torch.ops.offload.offload_batch.default
 _restore_op = torch.ops.offload.offload_restore
 
 

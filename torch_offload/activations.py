@@ -24,7 +24,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ._library import load_save_hooks
-from ._ops import offload_pack, offload_pack_filtered, offload_restore, offload_save, offload_unpack
+from ._ops import offload_batch, offload_pack, offload_pack_filtered, offload_restore, offload_save, offload_unpack
 
 from . import node_budget, weight_tokens
 from .dtensors import is_dtensor as _is_dtensor
@@ -124,7 +124,10 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
     `disk_direct_io` (its files bypass the page cache: see OffloadManager),
     `keep_on_device_bytes` (the newest saves, up to that many bytes, stay on the GPU uncopied: see
     OffloadManager), or a ready `manager`. `record_offloaded=True` records the storages offloaded
-    (`filter.report()`, `filter.reset_record()`: modules mode's report).
+    (`filter.report()`, `filter.reset_record()`: modules mode's report). `batch_copies=True`:
+    the copies of the saves made inside are issued together when the context is left (and every
+    16 copies): fewer driver calls per copy, for short contexts such as one module call (modules
+    mode enters the hooks once per selected module call).
     Leaving the context after tensors were saved but none offloaded warns once, saying why
     (NothingOffloadedWarning; apply() checks each training step instead: warn_on_exit=False).
     copy.deepcopy gives hooks on a copy of the manager (fresh, same configuration) that keep the
@@ -149,6 +152,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         disk_direct_io=False,
         record_offloaded: bool = False,
         warn_on_exit: bool = True,
+        batch_copies: bool = False,
     ):
         self.mode = canonical_mode(mode)
         self.min_bytes = min_bytes
@@ -168,6 +172,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
             )
         self.manager = manager
         self.warn_on_exit = warn_on_exit
+        self.batch_copies = batch_copies
         # For __deepcopy__; weak, as kept_storages' references (FSDP2 must free what it replaces).
         keep = list(keep)
         self._keep = [weakref.ref(t) for t in keep]
@@ -303,10 +308,13 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         c_hooks = load_save_hooks()
         if c_hooks is None:
             super().__init__(pack, unpack)
+            self._begin_batch = lambda: offload_batch(manager_id, True)
+            self._end_batch = lambda: offload_batch(manager_id, False)
         else:
             hooks = c_hooks.SaveHooks(manager_id, filter_id, weight_tokens.registry(), python_pack, leaf, unpack,
                                       on_error)
             super().__init__(hooks.pack, hooks.unpack)
+            self._begin_batch, self._end_batch = hooks.begin_batch, hooks.end_batch
 
     def __deepcopy__(self, memo):
         """Hooks like these for a copy of the model: the pack/unpack closures hold the manager id
@@ -317,17 +325,21 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         offload_activations.__init__(new, self.mode, min_bytes=self.min_bytes,
                                      manager=copy.deepcopy(self.manager, memo), keep=keep,
                                      record_offloaded=self._record_offloaded,
-                                     warn_on_exit=self.warn_on_exit)
+                                     warn_on_exit=self.warn_on_exit, batch_copies=self.batch_copies)
         return new
 
     def __enter__(self):
         super().__enter__()
+        if self.batch_copies:
+            self._begin_batch()
         if self.warn_on_exit:
             self._counts_on_enter = self.counts.snapshot()
         return self
 
     def __exit__(self, *exc_info):
         super().__exit__(*exc_info)
+        if self.batch_copies:
+            self._end_batch()  # after the hooks are popped: an error here leaves none installed
         if self.warn_on_exit and exc_info[0] is None:
             self.counts.warn_if_nothing_offloaded(self._counts_on_enter, self.min_bytes)
 

@@ -41,8 +41,9 @@ class ModuleOffloadHandle(NotPicklable):
         self.model = model
         self.modules = selection.selected
         self.excluded = selection.excluded
+        # batch_copies: each selected call's copies are issued together when it returns.
         self.hooks = offload_activations("all", keep=resident_tensors(model), record_offloaded=True,
-                                         warn_on_exit=False, **hooks_options)
+                                         warn_on_exit=False, batch_copies=True, **hooks_options)
         self.manager = self.hooks.manager
         self._scopes = HookScopes()
         self._outside = threading.local()  # per thread: the hooks active outside each selected call
