@@ -42,7 +42,9 @@ def test_modules_mode_matches_plain_training(device, targets):
     assert stats["live_handles"] == 0
     if device == "cuda":  # each selected call's copies were issued together (CPU copies at once)
         assert stats["batched_copies"] == stats["saves"]
-        assert 0 < stats["copy_batches"] < stats["saves"]
+        assert 0 < stats["copy_batches"] <= stats["saves"]
+        if targets == ["*.self_attn"]:  # several copies per call
+            assert stats["copy_batches"] < stats["saves"]
 
 
 def test_each_selected_call_brackets_its_copies_in_a_batch(save_hooks, monkeypatch):

@@ -9,7 +9,9 @@ restore; medians and the median of the paired differences.
 
 VARIANTS (comma-separated, default first,nofirst,none): "first" as applied, "nofirst" without the
 first restores' prefetch, "nobatch" with each copy issued on its own (batch_copies off; from commit
-after 04ebaaf, where modules mode batches each selected call's copies), "none" no save hooks. "first@N"
+after 04ebaaf, where modules mode batches each selected call's copies), "nocopy" every save kept on
+the GPU uncopied (the manager's keep_on_device_bytes window set above every step's saves for the
+step), "none" no save hooks. "first@N"
 is "first" with TORCH_OFFLOAD_EXP_BATCH=N set for its steps (a library built with
 session17_batch_emulation.patch: the side-stream wait and done event issued once per N copies).
 """
@@ -44,7 +46,8 @@ class _NoSaveHooks:
 
 BATCHES = getattr(offload_hooks, "batch_copies", False)  # as applied (False before batching existed)
 KINDS = {"first": (offload_hooks, depth, True), "nofirst": (offload_hooks, 0, True),
-         "nobatch": (offload_hooks, depth, False), "none": (_NoSaveHooks(), 0, False)}
+         "nobatch": (offload_hooks, depth, False), "none": (_NoSaveHooks(), 0, False),
+         "nocopy": (offload_hooks, depth, True)}
 VARIANTS = (sys.argv[3] if len(sys.argv) > 3 else "first,nofirst,none").split(",")
 rows = {name: {"step": [], "wait": [], "hits": [], "forward": [], "batches": []} for name in VARIANTS}
 
@@ -57,6 +60,7 @@ def step(name):
         os.environ.pop("TORCH_OFFLOAD_EXP_BATCH", None)
     modules.hooks, first.count, batch = KINDS[kind]
     offload_hooks.batch_copies = batch and BATCHES
+    handle.manager.set_keep_on_device_bytes(10 ** 12 if kind == "nocopy" else 0)
     model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     before = handle.stats()

@@ -6,9 +6,12 @@ between rounds, are shared by each set of steps.
     python3 benchmarks/results/stepwise_models_issue10.py [SEQ] [SETS] [VARIANTS]
 
 VARIANTS (comma-separated): ckpt (the model's gradient_checkpointing_enable, use_reentrant=False),
-ckpt_re (torch's reentrant checkpoint), hidden, hidden_re, selective ("attention"), selective_re.
+ckpt_re (torch's reentrant checkpoint), hidden, hidden_re, selective ("attention"), selective_re;
+for issue 13 (session 17): plain (plain training), modules (mode "modules", `*.self_attn`),
+modules_mifN (the same with max_in_flight=N), any of those + "_nobatch" (each copy issued on its own).
 Per variant: the median step, its peak allocated memory, and the median and mean over the sets of
-checkpointing's step / the variant's step (>1: faster than checkpointing).
+checkpointing's step / the variant's step (>1: faster than checkpointing); with "plain", the
+variant's step / plain training's (>1: slower).
 """
 import copy, os, statistics, sys, time
 import torch
@@ -26,7 +29,12 @@ for v in variants:
     model = copy.deepcopy(base)
     if v.startswith("ckpt"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": v == "ckpt_re"})
-    else:
+    elif v.startswith("modules"):
+        name, _, nobatch = v.partition("_nobatch")
+        options = {"max_in_flight": int(name[len("modules_mif"):])} if name.startswith("modules_mif") else {}
+        handles[v] = torch_offload.apply(model, "modules", targets=["*.self_attn"], **options)
+        handles[v].modules.hooks.batch_copies = not v.endswith("_nobatch")
+    elif v != "plain":
         mode = "selective" if v.startswith("selective") else "hidden_states"
         options = {"policy": "attention"} if mode == "selective" else {}
         if v.endswith("_re"):
@@ -66,4 +74,7 @@ for v in variants:
     speed = [c / t for c, t in zip(times["ckpt"], times[v])] if "ckpt" in times else []
     extra = (f"  ckpt / variant: median {statistics.median(speed):.4f}x, mean {statistics.mean(speed):.4f}x"
              if speed and v != "ckpt" else "")
+    if "plain" in times and v != "plain":
+        slower = [t / p for p, t in zip(times["plain"], times[v])]
+        extra += f"  variant / plain: median {statistics.median(slower):.4f}x, mean {statistics.mean(slower):.4f}x"
     print(f"{v:13s} {statistics.median(times[v]):8.1f} ms  peak {peaks[v]:6.2f} GB{extra}")
