@@ -91,3 +91,9 @@ timeout 150 python3 benchmarks/results/modules_first_restores_4k.py 4096 40 firs
 OUT=${1:?}
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 timeout 150 python3 benchmarks/results/dma_interference_4k.py 4096 40 1612 > $OUT/dma_interference_layer0_4k_h100.log 2>&1; grep -v -i warn $OUT/dma_interference_layer0_4k_h100.log | tail -9
+
+### call 10
+# Session 17, call 10: every CUDA pytest case with the final build (each save-hook test with both hook sets).
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+(cd python_tests && timeout 540 python3 -m pytest -q -p no:cacheprovider -m cuda . > $OUT/gpu_pytest_cuda_h100_session17_all.log 2>&1; echo "pytest rc=$?"; tail -4 $OUT/gpu_pytest_cuda_h100_session17_all.log)
