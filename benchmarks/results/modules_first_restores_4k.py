@@ -15,10 +15,11 @@ step), "none" no save hooks. "first@N"
 is "first" with TORCH_OFFLOAD_EXP_BATCH=N set for its steps (a library built with
 session17_batch_emulation.patch: the side-stream wait and done event issued once per N copies).
 """
-import os, statistics, sys, time, types
+import os, statistics, sys, time
 import torch
 sys.path.insert(0, os.getcwd())
 import torch_offload
+from no_save_hooks import NoSaveHooks  # beside this script
 from torch_offload.bench.common import REFERENCE as REF, build_llama
 from torch_offload.first_restores import PrefetchFirstRestores
 
@@ -33,15 +34,7 @@ depth = first.count
 offload_hooks = modules.hooks
 
 
-class _NoSaveHooks:
-    """Entered by the module hooks like saved-tensor hooks, but installs none."""
-    filter = types.SimpleNamespace(reset_record=lambda: None)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        return False
+_NoSaveHooks = NoSaveHooks  # no_save_hooks.py
 
 
 BATCHES = getattr(offload_hooks, "batch_copies", False)  # as applied (False before batching existed)

@@ -11,10 +11,11 @@ With "poll", one more set: the C hooks with the releaser polling (needs the libr
 session15_fence_poll_experiment.patch). With "all", two more sets: Python identity hooks (bare: what any saved-tensor hook costs in torch)
 and C hooks that keep every save (kept: the engine's decision per save, nothing copied).
 """
-import os, statistics, sys, time, types
+import os, statistics, sys, time
 import torch
 sys.path.insert(0, os.getcwd())
 import torch_offload
+from no_save_hooks import NoSaveHooks  # beside this script
 from torch_offload import _library, activations
 from torch_offload.bench.common import REFERENCE as REF, build_llama
 
@@ -31,15 +32,7 @@ python_hooks = activations.offload_activations("all", keep=activations.resident_
 activations.load_save_hooks = _library.load_save_hooks
 
 
-class _NoSaveHooks:
-    """Entered by the module hooks like saved-tensor hooks, but installs none."""
-    filter = types.SimpleNamespace(reset_record=lambda: None)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        return False
+_NoSaveHooks = NoSaveHooks  # no_save_hooks.py
 
 
 class _BareHooks(torch.autograd.graph.saved_tensors_hooks):
