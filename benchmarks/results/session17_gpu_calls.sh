@@ -97,3 +97,16 @@ timeout 150 python3 benchmarks/results/dma_interference_4k.py 4096 40 1612 > $OU
 OUT=${1:?}
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 (cd python_tests && timeout 540 python3 -m pytest -q -p no:cacheprovider -m cuda . > $OUT/gpu_pytest_cuda_h100_session17_all.log 2>&1; echo "pytest rc=$?"; tail -4 $OUT/gpu_pytest_cuda_h100_session17_all.log)
+
+### call 11
+# Session 17, call 11: what modules mode's module hooks cost by themselves at 4k (one model copy per variant).
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 200 python3 benchmarks/results/stepwise_models_issue10.py 4096 40 plain,modules_nosave,modules > $OUT/stepwise_models_modules_nosave_4k_h100.log 2>&1; grep -v -i warn $OUT/stepwise_models_modules_nosave_4k_h100.log | tail -5
+
+### call 12
+# Session 17, call 12: modules against plain training step by step, two model copies only, more sets.
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 200 python3 benchmarks/results/stepwise_models_issue10.py 4096 80 plain,modules > $OUT/stepwise_models_modules_pair_4k_h100.log 2>&1; grep -v -i warn $OUT/stepwise_models_modules_pair_4k_h100.log | tail -3
+timeout 200 python3 benchmarks/results/stepwise_models_issue10.py 16384 10 plain,modules > $OUT/stepwise_models_modules_pair_16k_h100.log 2>&1; grep -v -i warn $OUT/stepwise_models_modules_pair_16k_h100.log | tail -3

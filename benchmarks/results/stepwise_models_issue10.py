@@ -8,7 +8,9 @@ between rounds, are shared by each set of steps.
 VARIANTS (comma-separated): ckpt (the model's gradient_checkpointing_enable, use_reentrant=False),
 ckpt_re (torch's reentrant checkpoint), hidden, hidden_re, selective ("attention"), selective_re;
 for issue 13 (session 17): plain (plain training), modules (mode "modules", `*.self_attn`),
-modules_mifN (the same with max_in_flight=N), any of those + "_nobatch" (each copy issued on its own).
+modules_mifN (the same with max_in_flight=N), any of those + "_nobatch" (each copy issued on its own);
+modules_nosave (mode "modules" applied, its module hooks running, but no saved-tensor hooks entered:
+what the module hooks cost by themselves).
 Per variant: the median step, its peak allocated memory, and the median and mean over the sets of
 checkpointing's step / the variant's step (>1: faster than checkpointing); with "plain", the
 variant's step / plain training's (>1: slower).
@@ -34,6 +36,9 @@ for v in variants:
         options = {"max_in_flight": int(name[len("modules_mif"):])} if name.startswith("modules_mif") else {}
         handles[v] = torch_offload.apply(model, "modules", targets=["*.self_attn"], **options)
         handles[v].modules.hooks.batch_copies = not v.endswith("_nobatch")
+        if v == "modules_nosave":
+            from no_save_hooks import NoSaveHooks  # beside this script
+            handles[v].modules.hooks = NoSaveHooks()
     elif v != "plain":
         mode = "selective" if v.startswith("selective") else "hidden_states"
         options = {"policy": "attention"} if mode == "selective" else {}
