@@ -110,3 +110,9 @@ OUT=${1:?}
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 timeout 200 python3 benchmarks/results/stepwise_models_issue10.py 4096 80 plain,modules > $OUT/stepwise_models_modules_pair_4k_h100.log 2>&1; grep -v -i warn $OUT/stepwise_models_modules_pair_4k_h100.log | tail -3
 timeout 200 python3 benchmarks/results/stepwise_models_issue10.py 16384 10 plain,modules > $OUT/stepwise_models_modules_pair_16k_h100.log 2>&1; grep -v -i warn $OUT/stepwise_models_modules_pair_16k_h100.log | tail -3
+
+### call 13
+# Session 17, call 13: issue 10's comparisons step by step with this session's engine (no change in their paths).
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 250 python3 benchmarks/results/stepwise_models_issue10.py 16384 12 ckpt,hidden,selective > $OUT/stepwise_models_16k_session17_h100.log 2>&1; grep -v -i warn $OUT/stepwise_models_16k_session17_h100.log | tail -4
