@@ -50,12 +50,12 @@ void Manager::add_to_batch_locked(const void* key, const at::Tensor& src,
 }
 
 void Manager::issue_batch() {
-  bool full_or_any;
+  bool any_pending;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    full_or_any = !pending_.empty();
+    any_pending = !pending_.empty();
   }
-  if (!full_or_any) return;
+  if (!any_pending) return;
   // Outside the lock: the releaser's progress needs no lock of ours, restores go on meanwhile.
   const double waited = releaser_.wait_in_flight_below(config_.max_in_flight);
   std::lock_guard<std::mutex> lock(mutex_);
