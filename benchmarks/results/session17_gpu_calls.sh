@@ -116,3 +116,12 @@ timeout 200 python3 benchmarks/results/stepwise_models_issue10.py 16384 10 plain
 OUT=${1:?}
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 timeout 250 python3 benchmarks/results/stepwise_models_issue10.py 16384 12 ckpt,hidden,selective > $OUT/stepwise_models_16k_session17_h100.log 2>&1; grep -v -i warn $OUT/stepwise_models_16k_session17_h100.log | tail -4
+
+### call 14 (before the gpu_check.sh limits were raised; summary in gpu_check_session17_before_h100.txt)
+SKIP_BENCH=1 bash benchmarks/gpu_check.sh $OUT
+
+### call 15 (ctest in parallel, pytest's CUDA cases: test_manager_lifetime's subprocess could not import the package)
+SKIP_BENCH=1 bash benchmarks/gpu_check.sh $OUT
+
+### call 16 (after the test's fix; gpu_check_session17_h100.txt)
+SKIP_BENCH=1 SKIP_DEMO=1 bash benchmarks/gpu_check.sh $OUT
