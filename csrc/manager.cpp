@@ -214,9 +214,7 @@ void Manager::add_entry_locked(const void* key, Entry entry, const at::Tensor& x
     entry.version_counter = x.unsafeGetTensorImpl()->version_counter();
     entry.saved_version = entry.version_counter.current_version();
   }
-  entry.to_host_done = copy.done;
-  entry.last_fence = copy.done;
-  entry.source = copy.source;
+  set_copy_to_host(entry, copy);
   save_order_.push_back(key);
   entry.order_pos = std::prev(save_order_.end());
   Entry& added = entries_.emplace(key, std::move(entry)).first->second;
@@ -227,6 +225,12 @@ void Manager::add_entry_locked(const void* key, Entry entry, const at::Tensor& x
   } else {
     counters_.bytes_to_host += static_cast<int64_t>(x.nbytes());
   }
+}
+
+void Manager::set_copy_to_host(Entry& entry, const ToHostCopy& copy) {
+  entry.to_host_done = copy.done;
+  entry.last_fence = copy.done;
+  entry.source = copy.source;
 }
 
 void Manager::saved_again(const void* key) {

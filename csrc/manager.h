@@ -180,6 +180,8 @@ class Manager : public std::enable_shared_from_this<Manager> {
                                 DeviceTransfer* transfer);
   // An entry with its kept_source set goes into the window of saves kept on the device.
   void add_entry_locked(const void* key, Entry entry, const at::Tensor& x, const ToHostCopy& copy);
+  // Records `copy` (its fence, its source) as the entry's copy to host memory.
+  static void set_copy_to_host(Entry& entry, const ToHostCopy& copy);
 
   // The window of saves kept on the device (keep_on_device_bytes; manager_window.cpp).
   // Throws a clear error for a window size this manager cannot take.

@@ -88,10 +88,11 @@ void Manager::issue_batch_locked() {
     Entry& entry = entries_.at(pending.key);
     entry.copy_pending = false;
     entry.stored->commit(done);
-    entry.to_host_done = done;
-    entry.last_fence = done;
-    entry.source = std::make_shared<SourceSlot>(std::move(pending.source));
-    sources.push_back(entry.source);
+    ToHostCopy copy;
+    copy.done = done;
+    copy.source = std::make_shared<SourceSlot>(std::move(pending.source));
+    set_copy_to_host(entry, copy);
+    sources.push_back(copy.source);
   }
   // One release for the batch: the worker only moves the sources to finished_sources_.
   const auto count = static_cast<int64_t>(sources.size());

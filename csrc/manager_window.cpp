@@ -55,9 +55,7 @@ void Manager::evict_locked(Entry& entry) {
       at::from_blob(entry.stored->destination(), src.sizes(), src.options().device(c10::kCPU));
   const ToHostCopy copy = start_copy_to_host(src, destination, transfer_for(entry.source_device));
   entry.stored->commit(copy.done);
-  entry.to_host_done = copy.done;
-  entry.last_fence = copy.done;
-  entry.source = copy.source;
+  set_copy_to_host(entry, copy);
   counters_.bytes_to_host += static_cast<int64_t>(src.nbytes());
 }
 
