@@ -21,6 +21,8 @@
 
 #include <tuple>
 
+#include "pyext/checkpoint_frame.h"
+
 namespace {
 
 // offload_pack_filtered's decisions (csrc/save_filter.h; save_filter.py).
@@ -381,7 +383,8 @@ PyMODINIT_FUNC PyInit__save_hooks() {
     return nullptr;
   }
   saved_view_type = add_type(module, &saved_view_spec, "SavedView");
-  if (saved_view_type == nullptr || add_type(module, &save_hooks_spec, "SaveHooks") == nullptr) {
+  if (saved_view_type == nullptr || add_type(module, &save_hooks_spec, "SaveHooks") == nullptr ||
+      !torch_offload_pyext::add_checkpoint_frame(module)) {
     Py_DECREF(module);
     return nullptr;
   }

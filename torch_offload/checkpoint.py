@@ -2,11 +2,14 @@
 hidden_states) in host memory instead of on the GPU, and recomputes the layer in backward.
 
 A drop-in for torch.utils.checkpoint.checkpoint: same signature, same keywords with the same
-meaning, all handled here and never passed to the user's function. Built on torch's non-reentrant
-checkpoint, so it inherits its semantics (RNG and autocast replay, any nest of inputs and outputs,
-keyword arguments, inputs that do not require grad, context_fn / selective checkpointing, the
-determinism check, debug traces, early stop). What we change is what torch's checkpoint stores to
-recompute from: instead of the first tensor input itself, the host handle returned by offload_save.
+meaning, all handled here and never passed to the user's function. The non-reentrant checkpoint is
+torch's algorithm with its per-tensor hooks in C (nonreentrant.py; torch's own implementation runs
+it for debug=True, under torch.compile, and where the C hooks are not built), so it has torch's
+semantics (RNG and autocast replay, any nest of inputs and outputs, keyword arguments, inputs that
+do not require grad, context_fn / selective checkpointing, the determinism check, early stop, one
+recompute per backward) at a lower host cost per saved tensor. What we change is what the
+checkpoint stores to recompute from: instead of the first tensor input itself, the host handle
+returned by offload_save.
 The forward runs on the real input; the recompute runs on offload_restore(handle), which also starts
 prefetching the input of the previous checkpoint. A DTensor input (sequence or context parallel
 hidden states, sharded on the sequence dim) is offloaded as its local shard and rebuilt as the same
@@ -15,10 +18,13 @@ DTensor in the recompute (dtensors.py).
 import torch
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from torch.utils.checkpoint import noop_context_fn
+from torch.utils import checkpoint as torch_checkpoint_module
 
 from .block_input import OffloadedInput
 from .flat_args import split_tensors, with_tensors
 from .manager import default_manager
+from .nonreentrant import available as c_checkpoint_hooks_available
+from .nonreentrant import checkpoint_without_reentrant
 from .reentrant import reentrant_checkpoint
 
 
@@ -65,9 +71,23 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=noop_context_fn, 
     # handle is on the host, so a zero-size tensor on the input's device stands in for it.
     device_anchor = torch.empty(0, device=saved.device)
     del first  # from here on only `pending` (until the forward run) and the handle refer to it
-    output = torch_checkpoint(run, saved.handle, device_anchor, *tensors[1:], **options)
+    if _c_hooks_serve(debug):
+        output = checkpoint_without_reentrant(run, (saved.handle, device_anchor, *tensors[1:]), {}, saved.device.type,
+                                              (device_anchor, *tensors[1:]), preserve_rng_state, context_fn,
+                                              determinism_check, early_stop)
+    else:
+        output = torch_checkpoint(run, saved.handle, device_anchor, *tensors[1:], **options)
     pending.clear()
     # Release the device copy of the input in stream order now rather than when the background
     # releaser observes the copy's event: the copy finished while the block ran.
     manager.finish_save(saved.handle)
     return output
+
+
+def _c_hooks_serve(debug) -> bool:
+    """Whether our non-reentrant checkpoint (nonreentrant.py, hooks in C) runs this call rather than
+    torch's: not for debug=True (torch's operator traces), nor under torch.compile (torch's
+    checkpoint is a higher-order op there), nor where the C hooks are not built."""
+    debugging = torch_checkpoint_module._checkpoint_debug_enabled
+    debugging = debug if debugging is None else debugging
+    return not debugging and not torch.compiler.is_compiling() and c_checkpoint_hooks_available()

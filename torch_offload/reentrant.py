@@ -28,11 +28,11 @@ import contextlib
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
-from torch.utils.checkpoint import get_device_states, set_device_states
 
 from .block_input import OffloadedInput
 from .flat_args import split_tensors, with_tensors
 from .manager import default_manager
+from .replay_state import ReplayState
 
 
 def _no_scopes():
@@ -42,16 +42,7 @@ def _no_scopes():
 class _Block:
     """What the backward of one block needs besides its saved tensors."""
 
-    __slots__ = ("function", "template", "input", "device_type", "autocast", "rng", "recompute_scope",
-                 "out_template")
-
-
-def _autocast_state(device_type: str):
-    """The autocast settings in force now, for the device and for the CPU, to re-enter in backward."""
-    def state(kind):
-        return dict(enabled=torch.is_autocast_enabled(kind), dtype=torch.get_autocast_dtype(kind),
-                    cache_enabled=torch.is_autocast_cache_enabled())
-    return state(device_type) if device_type != "cpu" else None, state("cpu")
+    __slots__ = ("function", "template", "input", "replay", "recompute_scope", "out_template")
 
 
 class _OffloadedRecompute(torch.autograd.Function):
@@ -78,22 +69,9 @@ class _OffloadedRecompute(torch.autograd.Function):
         first = block.input.restore()
         others = [t.detach().requires_grad_(t.requires_grad) for t in saved]
         args, kwargs = with_tensors(block.template, (first, *others))
-        device_autocast, cpu_autocast = block.autocast
-        device_autocast_now, cpu_autocast_now = _autocast_state(block.device_type)
         with contextlib.ExitStack() as stack:
-            if block.rng is not None:
-                cpu_state, devices, device_states = block.rng
-                stack.enter_context(torch.random.fork_rng(devices=devices, device_type=block.device_type))
-                torch.set_rng_state(cpu_state)
-                if devices:
-                    set_device_states(devices, device_states, device_type=block.device_type)
+            block.replay.enter(stack)
             stack.enter_context(torch.enable_grad())
-            # Autocast as in forward (entered only where it differs from now: the usual case, no
-            # autocast, costs nothing).
-            if device_autocast is not None and device_autocast != device_autocast_now:
-                stack.enter_context(torch.amp.autocast(block.device_type, **device_autocast))
-            if cpu_autocast != cpu_autocast_now:
-                stack.enter_context(torch.amp.autocast("cpu", **cpu_autocast))
             stack.enter_context(block.recompute_scope)
             outputs = block.function(*args, **kwargs)
         tensors = split_tensors(outputs)[0]
@@ -136,12 +114,7 @@ def reentrant_checkpoint(function, args, kwargs, manager=None, preserve_rng_stat
     block = _Block()
     block.function, block.template = function, template
     block.input = OffloadedInput(first, manager.id())
-    block.device_type = block.input.device.type
-    block.autocast = _autocast_state(block.device_type)
-    block.rng = None
-    if preserve_rng_state:
-        devices, states = get_device_states(*tensors) if block.device_type != "cpu" else ([], [])
-        block.rng = (torch.get_rng_state(), devices, states)
+    block.replay = ReplayState(block.input.device.type, tensors, preserve_rng_state)
     forward_scope, block.recompute_scope = (scopes or _no_scopes)()
     others = list(tensors[1:])
     if not any(t.requires_grad for t in tensors) and _trains_parameters(function):

@@ -1,0 +1,367 @@
+// torch_offload._save_hooks.CheckpointFrame: the saved-tensor hooks of one non-reentrant checkpoint
+// call (torch_offload/nonreentrant.py), in C.
+//
+// torch's non-reentrant checkpoint runs a Python pack hook for every tensor the checkpointed
+// function saves (a holder object, a weak reference, the metadata dict of the determinism check), a
+// Python unpack hook for every one backward reads, and a Python pack hook again for every tensor
+// the recompute saves: three Python calls per saved tensor, about a thousand per step of a 24-layer
+// model, on the host thread that launches the step. Here each is a C call: the forward's save is a
+// counter (the index autograd keeps in place of the tensor) and the tensor's metadata, the
+// recompute's save a slot in the vector of the backward that asked for it.
+//
+// The semantics are torch's (torch/utils/checkpoint.py):
+// - the function is recomputed once per backward (graph task, or GraphExecGroup), on the first
+//   unpack, and each recomputed tensor is handed out once, then dropped (a second unpack is an
+//   error);
+// - an unpack outside any backward recomputes for itself;
+// - early stop: the recompute stops (StopRecompute) once it has saved what the forward saved;
+// - the determinism check compares the count and each tensor's shape, dtype and device, and raises
+//   torch.utils.checkpoint.CheckpointError with torch's wording.
+#include "pyext/checkpoint_frame.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/AutogradState.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <map>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+namespace {
+
+struct SavedMetadata {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype;
+  c10::Device device;
+};
+
+// One backward's recomputed tensors, by the index the forward's pack hook returned.
+struct Recomputed {
+  PyObject* group = nullptr;       // owned: the GraphExecGroup this backward runs under, or nullptr
+  std::vector<at::Tensor> values;  // undefined once handed out
+  bool done = false;
+};
+
+// Which backward: (GraphExecGroup, 0) under a group, (nullptr, graph task id) in a backward,
+// (nullptr, a fresh negative number) for an unpack outside any backward.
+using BackwardKey = std::pair<PyObject*, int64_t>;
+
+struct FrameState {
+  std::vector<SavedMetadata> metadata;  // the forward's saves, for the determinism check
+  std::map<BackwardKey, Recomputed> by_backward;
+  std::vector<BackwardKey> recording;  // the backwards whose recompute runs now, innermost last
+  int64_t next_temporary = -2;
+};
+
+struct CheckpointFrame {
+  PyObject ob_base;     // PyObject_HEAD
+  PyObject* recompute;  // recompute(frame): runs the function again with frame.record as pack hook
+  size_t saved;         // tensors saved in forward
+  bool check_metadata;
+  bool early_stop;
+  bool forward_done;
+  bool ignore_mismatch;  // early_stop=False and a backward inside the forward (as in torch)
+  FrameState* state;
+};
+
+PyObject* stop_recompute_type = nullptr;  // made in add_checkpoint_frame
+
+// Raises torch.utils.checkpoint.CheckpointError(message); returns nullptr.
+PyObject* raise_checkpoint_error(const std::string& message) {
+  static PyObject* error_type = nullptr;
+  if (error_type == nullptr) {
+    PyObject* module = PyImport_ImportModule("torch.utils.checkpoint");
+    if (module == nullptr) return nullptr;
+    error_type = PyObject_GetAttrString(module, "CheckpointError");
+    Py_DECREF(module);
+    if (error_type == nullptr) return nullptr;
+  }
+  PyErr_SetString(error_type, message.c_str());
+  return nullptr;
+}
+
+const char kDebugTip[] =
+    "\nTip: To see a more detailed error message, pass `debug=True` to "
+    "torch_offload.checkpoint(...) (torch's checkpoint path, with its operator traces).";
+
+PyObject* frame_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"recompute", "check_metadata", "early_stop", nullptr};
+  PyObject* recompute = nullptr;
+  int check_metadata = 1;
+  int early_stop = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Opp:CheckpointFrame", const_cast<char**>(names),
+                                   &recompute, &check_metadata, &early_stop)) {
+    return nullptr;
+  }
+  auto* frame = reinterpret_cast<CheckpointFrame*>(type->tp_alloc(type, 0));
+  if (frame == nullptr) return nullptr;
+  frame->recompute = Py_NewRef(recompute);
+  frame->saved = 0;
+  frame->check_metadata = check_metadata != 0;
+  frame->early_stop = early_stop != 0;
+  frame->forward_done = false;
+  frame->ignore_mismatch = false;
+  frame->state = new FrameState();
+  return reinterpret_cast<PyObject*>(frame);
+}
+
+int frame_traverse(PyObject* self, visitproc visit, void* arg) {
+  auto* frame = reinterpret_cast<CheckpointFrame*>(self);
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(frame->recompute);
+  if (frame->state != nullptr) {
+    for (const auto& [key, recomputed] : frame->state->by_backward) Py_VISIT(recomputed.group);
+  }
+  return 0;
+}
+
+void drop_entries(FrameState* state) {
+  for (auto& [key, recomputed] : state->by_backward) Py_CLEAR(recomputed.group);
+  state->by_backward.clear();
+}
+
+int frame_clear(PyObject* self) {
+  auto* frame = reinterpret_cast<CheckpointFrame*>(self);
+  Py_CLEAR(frame->recompute);
+  if (frame->state != nullptr) drop_entries(frame->state);
+  return 0;
+}
+
+void frame_dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  frame_clear(self);
+  auto* frame = reinterpret_cast<CheckpointFrame*>(self);
+  delete frame->state;
+  frame->state = nullptr;
+  PyTypeObject* type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+const at::Tensor* tensor_argument(PyObject* t, const char* hook) {
+  if (!THPVariable_Check(t)) {
+    PyErr_Format(PyExc_TypeError, "CheckpointFrame.%s: expected a tensor, got %s", hook,
+                 Py_TYPE(t)->tp_name);
+    return nullptr;
+  }
+  return &THPVariable_Unpack(t);
+}
+
+// The forward's pack hook: the save's index stands in for the tensor.
+PyObject* frame_pack(PyObject* self, PyObject* t) {
+  auto* frame = reinterpret_cast<CheckpointFrame*>(self);
+  const at::Tensor* tensor = tensor_argument(t, "pack");
+  if (tensor == nullptr) return nullptr;
+  if (frame->check_metadata) {
+    frame->state->metadata.push_back(
+        {tensor->sizes().vec(), tensor->scalar_type(), tensor->device()});
+  }
+  return PyLong_FromSize_t(frame->saved++);
+}
+
+// The backward asking for a saved tensor now (see BackwardKey); false with the error set.
+bool current_backward(FrameState* state, BackwardKey& key) {
+  if (c10::AutogradState::get_tls_state().get_graph_exec_group().has_value()) {
+    PyObject* torch_c = PyImport_ImportModule("torch._C");
+    if (torch_c == nullptr) return false;
+    PyObject* group = PyObject_CallMethod(torch_c, "_get_graph_exec_group", nullptr);
+    Py_DECREF(torch_c);
+    if (group == nullptr) return false;
+    key = {group, 0};  // a new reference: the caller keeps it in the entry or drops it
+    return true;
+  }
+  const int64_t task = torch::autograd::get_current_graph_task_id();
+  key = {nullptr, task >= 0 ? task : state->next_temporary--};
+  return true;
+}
+
+bool is_temporary(const BackwardKey& key) { return key.first == nullptr && key.second < 0; }
+
+std::string describe(const SavedMetadata& m) {
+  std::ostringstream out;
+  out << "{'shape': torch.Size([";
+  for (size_t i = 0; i < m.sizes.size(); ++i) out << (i ? ", " : "") << m.sizes[i];
+  out << "]), 'dtype': " << m.dtype << ", 'device': " << m.device << "}";
+  return out.str();
+}
+
+// The determinism check after a recompute (torch's check_recomputed_tensors_match).
+bool recompute_matches(const CheckpointFrame* frame, const Recomputed& recomputed) {
+  if (frame->ignore_mismatch) return true;
+  if (recomputed.values.size() != frame->saved) {
+    std::ostringstream message;
+    message << "torch_offload.checkpoint: A different number of tensors was saved during the "
+               "original forward and recomputation.\nNumber of tensors saved during forward: "
+            << frame->saved
+            << "\nNumber of tensors saved during recomputation: " << recomputed.values.size()
+            << ".\n"
+            << kDebugTip;
+    raise_checkpoint_error(message.str());
+    return false;
+  }
+  if (!frame->check_metadata) return true;
+  std::ostringstream mismatched;
+  for (size_t i = 0; i < frame->saved; ++i) {
+    const SavedMetadata& saved = frame->state->metadata[i];
+    const at::Tensor& value = recomputed.values[i];
+    const SavedMetadata now{value.sizes().vec(), value.scalar_type(), value.device()};
+    if (now.sizes != saved.sizes || now.dtype != saved.dtype || now.device != saved.device) {
+      mismatched << "tensor at position " << i << ":\nsaved metadata: " << describe(saved)
+                 << "\nrecomputed metadata: " << describe(now) << "\n";
+    }
+  }
+  if (mismatched.tellp() == 0) return true;
+  raise_checkpoint_error(
+      "torch_offload.checkpoint: Recomputed values for the following tensors have different "
+      "metadata than during the forward pass.\n" +
+      mismatched.str() + ".\n" + kDebugTip);
+  return false;
+}
+
+void erase(FrameState* state, std::map<BackwardKey, Recomputed>::iterator entry) {
+  Py_CLEAR(entry->second.group);
+  state->by_backward.erase(entry);
+}
+
+// The backward's pack hook: recomputes the function once for this backward, then hands out the
+// tensor saved at `index`.
+PyObject* frame_unpack(PyObject* self, PyObject* index_object) {
+  auto* frame = reinterpret_cast<CheckpointFrame*>(self);
+  const size_t index = PyLong_AsSize_t(index_object);
+  if (index == static_cast<size_t>(-1) && PyErr_Occurred()) return nullptr;
+  FrameState* state = frame->state;
+  BackwardKey key;
+  if (!current_backward(state, key)) return nullptr;
+  auto entry = state->by_backward.find(key);
+  if (entry == state->by_backward.end()) {
+    entry = state->by_backward.emplace(key, Recomputed{}).first;
+    entry->second.group = key.first;  // takes over the reference
+  } else {
+    Py_XDECREF(key.first);
+  }
+  if (!entry->second.done) {
+    state->recording.push_back(key);
+    PyObject* result = PyObject_CallOneArg(frame->recompute, self);
+    state->recording.pop_back();
+    entry = state->by_backward.find(key);  // the recompute may have run other unpacks
+    if (result == nullptr) {
+      if (entry != state->by_backward.end()) erase(state, entry);
+      return nullptr;
+    }
+    Py_DECREF(result);
+    entry->second.done = true;
+    if (!recompute_matches(frame, entry->second)) {
+      erase(state, entry);
+      return nullptr;
+    }
+  }
+  std::vector<at::Tensor>& values = entry->second.values;
+  if (index >= values.size() || !values[index].defined()) {
+    return raise_checkpoint_error(
+        "torch_offload.checkpoint: Unpack is being triggered for a tensor that was already "
+        "unpacked once. If you are calling ctx.saved_tensors in backward, make sure to do so only "
+        "once. Otherwise please open an issue with details on your use case.");
+  }
+  at::Tensor value = std::move(values[index]);
+  values[index] = at::Tensor();
+  // An entry stays until the frame goes (a second unpack of one tensor in one backward is an
+  // error, as in torch), except an unpack's outside any backward, which no later unpack shares.
+  if (is_temporary(key)) erase(state, entry);
+  return THPVariable_Wrap(std::move(value));
+}
+
+// The recompute's pack hook: keeps the tensor for the backward being recomputed; raises
+// StopRecompute after the last one the forward saved (early stop).
+PyObject* frame_record(PyObject* self, PyObject* t) {
+  auto* frame = reinterpret_cast<CheckpointFrame*>(self);
+  const at::Tensor* tensor = tensor_argument(t, "record");
+  if (tensor == nullptr) return nullptr;
+  FrameState* state = frame->state;
+  auto entry = state->recording.empty() ? state->by_backward.end()
+                                        : state->by_backward.find(state->recording.back());
+  if (entry == state->by_backward.end()) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "torch_offload.checkpoint: a recompute saved a tensor with no backward waiting "
+                    "for it (CheckpointFrame.record outside recompute)");
+    return nullptr;
+  }
+  std::vector<at::Tensor>& values = entry->second.values;
+  if (values.size() >= frame->saved) {
+    if (!frame->forward_done) {  // a backward inside the forward, early_stop=False (as in torch)
+      frame->ignore_mismatch = true;
+      return Py_NewRef(t);
+    }
+    return raise_checkpoint_error(
+        std::string("torch_offload.checkpoint: trying to save more tensors during recomputation "
+                    "than during the original forward pass.\n") +
+        kDebugTip);
+  }
+  values.push_back(tensor->requires_grad() ? tensor->detach() : *tensor);
+  if (frame->early_stop && values.size() == frame->saved) {
+    PyErr_SetNone(stop_recompute_type);
+    return nullptr;
+  }
+  return THPVariable_Wrap(values.back());
+}
+
+PyObject* frame_finish_forward(PyObject* self, PyObject*) {
+  reinterpret_cast<CheckpointFrame*>(self)->forward_done = true;
+  Py_RETURN_NONE;
+}
+
+PyObject* frame_saved(PyObject* self, void*) {
+  return PyLong_FromSize_t(reinterpret_cast<CheckpointFrame*>(self)->saved);
+}
+
+PyObject* frame_backwards(PyObject* self, void*) {
+  return PyLong_FromSize_t(reinterpret_cast<CheckpointFrame*>(self)->state->by_backward.size());
+}
+
+PyMethodDef frame_methods[] = {
+    {"pack", frame_pack, METH_O, "the forward's pack hook: the save's index"},
+    {"unpack", frame_unpack, METH_O, "the unpack hook: recomputes once per backward"},
+    {"record", frame_record, METH_O, "the recompute's pack hook"},
+    {"finish_forward", frame_finish_forward, METH_NOARGS, "the checkpointed forward returned"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef frame_getset[] = {
+    {"saved", frame_saved, nullptr, "tensors saved in forward", nullptr},
+    {"backwards", frame_backwards, nullptr, "backwards this frame has recomputed for", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyType_Slot frame_slots[] = {
+    {Py_tp_new, reinterpret_cast<void*>(frame_new)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(frame_dealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(frame_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(frame_clear)},
+    {Py_tp_methods, frame_methods},
+    {Py_tp_getset, frame_getset},
+    {Py_tp_doc, const_cast<char*>("the saved-tensor hooks of one non-reentrant checkpoint call "
+                                  "(torch_offload/nonreentrant.py)")},
+    {0, nullptr}};
+
+PyType_Spec frame_spec = {"torch_offload._save_hooks.CheckpointFrame", sizeof(CheckpointFrame), 0,
+                          Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, frame_slots};
+
+}  // namespace
+
+namespace torch_offload_pyext {
+
+bool add_checkpoint_frame(PyObject* module) {
+  stop_recompute_type =
+      PyErr_NewException("torch_offload._save_hooks.StopRecompute", nullptr, nullptr);
+  if (stop_recompute_type == nullptr ||
+      PyModule_AddObject(module, "StopRecompute", Py_NewRef(stop_recompute_type)) < 0) {
+    return false;
+  }
+  PyObject* type = PyType_FromSpec(&frame_spec);
+  if (type == nullptr || PyModule_AddObject(module, "CheckpointFrame", type) < 0) {
+    Py_XDECREF(type);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace torch_offload_pyext
