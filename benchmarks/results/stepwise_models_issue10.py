@@ -10,7 +10,9 @@ ckpt_re (torch's reentrant checkpoint), hidden, hidden_re, selective ("attention
 for issue 13 (session 17): plain (plain training), modules (mode "modules", `*.self_attn`),
 modules_mifN (the same with max_in_flight=N), any of those + "_nobatch" (each copy issued on its own);
 modules_nosave (mode "modules" applied, its module hooks running, but no saved-tensor hooks entered:
-what the module hooks cost by themselves).
+what the module hooks cost by themselves); session 18: any of hidden / selective + "_torchhooks" (our
+checkpoint through torch's non-reentrant implementation, its Python hooks, as before session 18;
+without the suffix the hooks are the C ones of torch_offload/nonreentrant.py).
 Per variant: the median step, its peak allocated memory, and the median and mean over the sets of
 checkpointing's step / the variant's step (>1: faster than checkpointing); with "plain", the
 variant's step / plain training's (>1: slower).
@@ -18,6 +20,7 @@ variant's step / plain training's (>1: slower).
 import copy, os, statistics, sys, time
 import torch
 sys.path.insert(0, os.getcwd())
+import importlib
 import torch_offload
 from torch_offload.bench.common import REFERENCE as REF, build_llama
 
@@ -42,14 +45,19 @@ for v in variants:
     elif v != "plain":
         mode = "selective" if v.startswith("selective") else "hidden_states"
         options = {"policy": "attention"} if mode == "selective" else {}
-        if v.endswith("_re"):
+        if v.removesuffix("_torchhooks").endswith("_re"):
             options["use_reentrant"] = True
         handles[v] = torch_offload.apply(model, mode, **options)
     models[v] = model
 del base
 
 
+checkpoint_module = importlib.import_module("torch_offload.checkpoint")
+c_hooks_serve = checkpoint_module._c_hooks_serve
+
+
 def step(v):
+    checkpoint_module._c_hooks_serve = (lambda debug: False) if v.endswith("_torchhooks") else c_hooks_serve
     model = models[v]
     model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
