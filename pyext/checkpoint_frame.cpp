@@ -53,6 +53,8 @@ struct FrameState {
   std::map<BackwardKey, Recomputed> by_backward;
   std::vector<BackwardKey> recording;  // the backwards whose recompute runs now, innermost last
   int64_t next_temporary = -2;
+  bool capturing = false;            // begin_capture: the forward's saves are also kept here
+  std::vector<at::Tensor> captured;  // ... until end_capture hands them out
 };
 
 struct CheckpointFrame {
@@ -158,6 +160,7 @@ PyObject* frame_pack(PyObject* self, PyObject* t) {
     frame->state->metadata.push_back(
         {tensor->sizes().vec(), tensor->scalar_type(), tensor->device()});
   }
+  if (frame->state->capturing) frame->state->captured.push_back(*tensor);
   return PyLong_FromSize_t(frame->saved++);
 }
 
@@ -306,6 +309,37 @@ PyObject* frame_record(PyObject* self, PyObject* t) {
   return THPVariable_Wrap(values.back());
 }
 
+// begin_capture / end_capture: the tensors the forward saves in between, in save order, for a
+// caller that stands in for what saved them in the recompute (attention_offload.py: the fused
+// attention call, whose outputs it offloads and hands back through record()).
+PyObject* frame_begin_capture(PyObject* self, PyObject*) {
+  FrameState* state = reinterpret_cast<CheckpointFrame*>(self)->state;
+  if (state->capturing) {
+    PyErr_SetString(PyExc_RuntimeError, "CheckpointFrame.begin_capture: already capturing");
+    return nullptr;
+  }
+  state->capturing = true;
+  Py_RETURN_NONE;
+}
+
+PyObject* frame_end_capture(PyObject* self, PyObject*) {
+  FrameState* state = reinterpret_cast<CheckpointFrame*>(self)->state;
+  state->capturing = false;
+  std::vector<at::Tensor> captured = std::move(state->captured);
+  state->captured.clear();
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(captured.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < captured.size(); ++i) {
+    PyObject* tensor = THPVariable_Wrap(std::move(captured[i]));
+    if (tensor == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), tensor);
+  }
+  return list;
+}
+
 PyObject* frame_finish_forward(PyObject* self, PyObject*) {
   reinterpret_cast<CheckpointFrame*>(self)->forward_done = true;
   Py_RETURN_NONE;
@@ -313,6 +347,14 @@ PyObject* frame_finish_forward(PyObject* self, PyObject*) {
 
 PyObject* frame_saved(PyObject* self, void*) {
   return PyLong_FromSize_t(reinterpret_cast<CheckpointFrame*>(self)->saved);
+}
+
+PyObject* frame_recorded(PyObject* self, void*) {
+  const FrameState* state = reinterpret_cast<CheckpointFrame*>(self)->state;
+  if (state->recording.empty()) Py_RETURN_NONE;
+  const auto entry = state->by_backward.find(state->recording.back());
+  if (entry == state->by_backward.end()) Py_RETURN_NONE;
+  return PyLong_FromSize_t(entry->second.values.size());
 }
 
 PyObject* frame_backwards(PyObject* self, void*) {
@@ -324,10 +366,14 @@ PyMethodDef frame_methods[] = {
     {"unpack", frame_unpack, METH_O, "the unpack hook: recomputes once per backward"},
     {"record", frame_record, METH_O, "the recompute's pack hook"},
     {"finish_forward", frame_finish_forward, METH_NOARGS, "the checkpointed forward returned"},
+    {"begin_capture", frame_begin_capture, METH_NOARGS, "keep the forward's saves from now on"},
+    {"end_capture", frame_end_capture, METH_NOARGS, "the saves kept since begin_capture"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyGetSetDef frame_getset[] = {
     {"saved", frame_saved, nullptr, "tensors saved in forward", nullptr},
+    {"recorded", frame_recorded, nullptr,
+     "tensors the running recompute has saved so far (None outside a recompute)", nullptr},
     {"backwards", frame_backwards, nullptr, "backwards this frame has recomputed for", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 

@@ -44,6 +44,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import policies
 from .module_presets import PRESETS, preset_modules
+from .nonreentrant import current_frame, frame_of_context
+from .stand_in import run_captured, stand_in
 
 # A named policy is "attention" plus, joined by "+", groups of projections (module_presets' names)
 # whose products are offloaded too: "attention+fc2+out_proj". "attention_qkv" is "attention+qkv".
@@ -51,6 +53,7 @@ PROJECTION_GROUPS = ("qkv", "out_proj", "fc1", "fc2")
 KEEP = "keep_"  # "keep_fc1": the group's products stay on the device (not offloaded, not recomputed)
 _ALIASES = {"attention_qkv": "attention+qkv"}
 _MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default})
+_MATH = int(torch.nn.attention.SDPBackend.MATH)  # torch._fused_sdp_choice's answer without a fused kernel
 
 _scopes = threading.local()  # .stack: the scopes entered in this thread, innermost last
 _warned = False
@@ -93,6 +96,8 @@ def _offloading_sdpa(*args, **kwargs):
         return _SDPA.torch_fn(*args, **kwargs)
     scope = stack[-1]
     scope.calls += 1
+    if scope.frame is not None and scope.frame is current_frame():
+        return _sdpa_through_frame(scope, args, kwargs)
     if scope.is_recompute or torch.is_grad_enabled():
         with scope.attention_mode:
             return _SDPA.torch_fn(*args, **kwargs)
@@ -106,6 +111,30 @@ def _offloading_sdpa(*args, **kwargs):
     with torch.enable_grad(), scope.attention_mode:
         out = _SDPA.torch_fn(*args, **kwargs)
     return out.detach()
+
+
+_SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SDPA_DEFAULTS = (None, None, None, None, 0.0, False, None, False)
+
+
+def _sdpa_through_frame(scope, args, kwargs):
+    """The attention call in a block of our non-reentrant checkpoint (stand_in.py): its saves
+    captured in forward, stood in for in the recompute, where it does not run. A call that would
+    take the math backend (no fused kernel) runs in both, as under the policy path."""
+    call = dict(zip(_SDPA_NAMES, _SDPA_DEFAULTS))
+    call.update(zip(_SDPA_NAMES, args))
+    call.update(kwargs)
+    call_tensors = [call[name] for name in ("query", "key", "value", "attn_mask") if call[name] is not None]
+    frame, store = scope.frame, scope.attention_mode.store
+    if scope.is_recompute:
+        out = stand_in(frame, store, call_tensors)
+        return out if out is not None else _SDPA.torch_fn(*args, **kwargs)
+    fused = torch._fused_sdp_choice(call["query"], call["key"], call["value"], call["attn_mask"], call["dropout_p"],
+                                    call["is_causal"], scale=call["scale"], enable_gqa=call["enable_gqa"])
+    if fused == _MATH:
+        store.stood_in.append(None)
+        return _SDPA.torch_fn(*args, **kwargs)
+    return run_captured(frame, store, _SDPA.torch_fn, args, kwargs, call_tensors)
 
 
 def _offloading_linear(input, weight, bias=None):
@@ -136,6 +165,13 @@ class _FusedOutputs(TorchDispatchMode):
     def __init__(self, ops: frozenset, store, is_recompute: bool):
         super().__init__()
         self.ops, self.store, self.is_recompute = ops, store, is_recompute
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo, which costs more per call
+        # than the rest of ours (a few ops per intercepted call, forward and recompute). This mode is
+        # eager only (compiled models go through torch_offload.compile), so no compiled frame needs it.
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func not in self.ops:
@@ -225,17 +261,20 @@ class _Scope:
         self.projection_weights, self.kept_weights = projection_weights, kept_weights
         self.is_recompute = is_recompute
         self.calls = 0
+        self.frame = None
 
     def __enter__(self):
         if not hasattr(_scopes, "stack"):
             _scopes.stack = []
         _scopes.stack.append(self)
+        self.frame = frame_of_context()  # our non-reentrant checkpoint's, or None
         _SDPA.install()
         if self.projection_weights or self.kept_weights:
             _LINEAR.install()
         return self
 
     def __exit__(self, exc_type, *exc):
+        self.frame = None  # the frame holds the recompute, which holds this scope: no cycle
         if self.projection_weights or self.kept_weights:
             _LINEAR.uninstall()
         _SDPA.uninstall()

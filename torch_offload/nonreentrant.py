@@ -21,6 +21,7 @@ does not see them; checkpoint() uses torch's own implementation where that matte
 C hooks built) and under torch.compile.
 """
 import contextlib
+import threading
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
@@ -30,6 +31,36 @@ from ._library import load_save_hooks
 from .replay_state import ReplayState
 
 DETERMINISM_CHECKS = ("default", "none")
+_running = threading.local()  # .frames: the frames whose forward or recompute runs in this thread
+
+
+def _frames() -> list:
+    frames = getattr(_running, "frames", None)
+    if frames is None:
+        frames = _running.frames = []
+    return frames
+
+
+def current_frame():
+    """The CheckpointFrame whose forward or recompute runs in this thread now (the innermost), or
+    None. A caller inside the function may capture what a call saves in forward and stand in for it
+    in the recompute (attention_offload.py)."""
+    frames = getattr(_running, "frames", None)
+    return frames[-1] if frames else None
+
+
+def frame_of_context():
+    """In a context_fn context's __enter__: the frame of the checkpoint entering it, when that is this
+    one (None when torch's checkpoint or our reentrant variant enters it)."""
+    return getattr(_running, "entering", None)
+
+
+def _enter(stack: contextlib.ExitStack, context, frame) -> None:
+    _running.entering = frame
+    try:
+        stack.enter_context(context)
+    finally:
+        _running.entering = None
 
 
 def available() -> bool:
@@ -68,18 +99,28 @@ def checkpoint_without_reentrant(function, args, kwargs, device_type: str, tenso
     stop = hooks.StopRecompute
 
     def recompute(frame):
+        frames = _frames()
+        frames.append(frame)
         try:
             with saved_tensors_hooks(frame.record, _as_saved), torch.enable_grad(), \
                     contextlib.ExitStack() as stack:
                 replay.enter(stack)
-                stack.enter_context(recompute_context)
+                _enter(stack, recompute_context, frame)
                 stack.enter_context(device_context)
                 function(*args, **kwargs)
         except stop:
             pass
+        finally:
+            frames.pop()
 
     frame = hooks.CheckpointFrame(recompute, determinism_check == "default", bool(early_stop))
-    with saved_tensors_hooks(frame.pack, frame.unpack), forward_context:
-        output = function(*args, **kwargs)
+    frames = _frames()
+    frames.append(frame)
+    try:
+        with saved_tensors_hooks(frame.pack, frame.unpack), contextlib.ExitStack() as stack:
+            _enter(stack, forward_context, frame)
+            output = function(*args, **kwargs)
+    finally:
+        frames.pop()
     frame.finish_forward()
     return output

@@ -44,6 +44,7 @@ class _Offloaded:
         self.manager_id = manager.id()
         self.min_bytes = min_bytes
         self.calls = defaultdict(list)
+        self.stood_in = []  # the captured calls (stand_in.py), in call order
         self.decision = None
 
     def take_decision(self, ctx, op, *args, **kwargs):  # torch's policy: what our mode decided
@@ -86,6 +87,14 @@ class _Offloaded:
         source = compact_with(value, permutation, expanded_sizes)
         packed = _Packed(offload_save(source, self.manager_id), value.device, permutation, expanded_sizes)
         return _Held(packed, None if exact else (value.shape, value.stride()))
+
+    def pack(self, value):
+        """One output as this store keeps it: offloaded, or detached where under min_bytes."""
+        return self._pack(value)
+
+    def unpack(self, value):
+        """The output that pack() gave `value` for, on its device again."""
+        return self._unpack(value)
 
     def _unpack(self, value):
         if not isinstance(value, _Held):

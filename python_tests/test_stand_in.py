@@ -1,0 +1,116 @@
+"""The named selective policies inside our non-reentrant checkpoint (torch_offload/stand_in.py): the
+attention call runs once, in forward, with no dispatch mode; the recompute stands in for it with the
+restored outputs; a call on the math backend, or whose saves other hooks take, is recomputed; the
+gradients are those of torch's checkpoint keeping the attention outputs. (The reentrant variant and
+torch's checkpoint path keep the dispatch mode, tested in test_selective.py.)"""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+import torch_offload
+from torch_offload import attention_offload, nonreentrant, policies
+from conftest import DEVICES
+from test_selective import AttentionBlock
+
+pytestmark = pytest.mark.skipif(not nonreentrant.available(), reason="the C save hooks are not built")
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the calls of torch's SDPA (through the interception or not) and of the dispatch mode."""
+    counts = {"sdpa": 0, "mode": 0}
+    sdpa, dispatch = F.scaled_dot_product_attention, attention_offload._FusedOutputs.__torch_dispatch__
+
+    def counting_sdpa(*args, **kwargs):
+        counts["sdpa"] += 1
+        return sdpa(*args, **kwargs)
+
+    def counting_mode(self, *args, **kwargs):
+        counts["mode"] += 1
+        return dispatch(self, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counting_sdpa)  # what the interception calls
+    monkeypatch.setattr(attention_offload._FusedOutputs, "__torch_dispatch__", counting_mode)
+    return counts
+
+
+def _run(block, x, use_reentrant=False, policy="attention"):
+    out = torch_offload.selective_checkpoint(block, x, policy=policy, use_reentrant=use_reentrant, min_bytes=0)
+    out.square().sum().backward()
+    return out
+
+
+def test_the_attention_runs_once_and_without_a_dispatch_mode(counted):
+    block = AttentionBlock()
+    _run(block, torch.randn(2, 16, 32, requires_grad=True))
+    assert counted == {"sdpa": 1, "mode": 0}
+
+
+def test_the_reentrant_variant_keeps_the_dispatch_mode(counted):
+    block = AttentionBlock()
+    _run(block, torch.randn(2, 16, 32, requires_grad=True), use_reentrant=True)
+    assert counted["sdpa"] == 2 and counted["mode"] > 0  # called in the recompute, the op served by the mode
+
+
+def test_the_math_backend_is_recomputed(counted):
+    block = AttentionBlock()
+    with sdpa_kernel(SDPBackend.MATH):
+        _run(block, torch.randn(2, 16, 32, requires_grad=True))
+    assert counted == {"sdpa": 2, "mode": 0}
+
+
+def _attention_save_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+    return CheckpointPolicy.MUST_SAVE if op in policies.ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_gradients_equal_torch_checkpoint_keeping_the_attention_outputs(device, dropout):
+    torch.manual_seed(0)
+    block = AttentionBlock(dropout=dropout).to(device)
+    x = torch.randn(2, 16, 32, device=device, requires_grad=True)
+
+    def grads(run):
+        block.zero_grad()
+        x.grad = None
+        torch.manual_seed(7)
+        out = run()
+        out.square().sum().backward()
+        return [out.detach(), x.grad] + [p.grad for p in block.parameters()]
+
+    ours = grads(lambda: torch_offload.selective_checkpoint(block, x, policy="attention", min_bytes=0))
+    theirs = grads(lambda: torch_checkpoint(block, x, use_reentrant=False, context_fn=lambda: (
+        create_selective_checkpoint_contexts(_attention_save_policy))))
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+class _HooksAroundAttention(AttentionBlock):
+    """A block whose attention saves go to the user's own saved-tensor hooks, not to the checkpoint."""
+
+    def forward(self, x):
+        b, s, w = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(attn.transpose(1, 2).reshape(b, s, w))
+        return x + self.mlp(x)
+
+
+def test_an_attention_whose_saves_other_hooks_take_is_recomputed(counted):
+    torch.manual_seed(0)
+    block = _HooksAroundAttention()
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    out = block(x)
+    out.square().sum().backward()
+    expected = [x.grad.clone()] + [p.grad.clone() for p in block.parameters()]
+    block.zero_grad()
+    x.grad = None
+    counted["sdpa"] = 0
+    _run(block, x)
+    assert counted["sdpa"] == 2  # forward, then recomputed
+    got = [x.grad] + [p.grad for p in block.parameters()]
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, expected))
