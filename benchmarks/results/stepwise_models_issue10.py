@@ -12,7 +12,9 @@ modules_mifN (the same with max_in_flight=N), any of those + "_nobatch" (each co
 modules_nosave (mode "modules" applied, its module hooks running, but no saved-tensor hooks entered:
 what the module hooks cost by themselves); session 18: any of hidden / selective + "_torchhooks" (our
 checkpoint through torch's non-reentrant implementation, its Python hooks, as before session 18;
-without the suffix the hooks are the C ones of torch_offload/nonreentrant.py).
+without the suffix the hooks are the C ones of torch_offload/nonreentrant.py); selective + "_modepath"
+(the attention call served by the dispatch mode in forward and recompute, as before session 18's
+stand_in.py).
 Per variant: the median step, its peak allocated memory, and the median and mean over the sets of
 checkpointing's step / the variant's step (>1: faster than checkpointing); with "plain", the
 variant's step / plain training's (>1: slower).
@@ -45,7 +47,7 @@ for v in variants:
     elif v != "plain":
         mode = "selective" if v.startswith("selective") else "hidden_states"
         options = {"policy": "attention"} if mode == "selective" else {}
-        if v.removesuffix("_torchhooks").endswith("_re"):
+        if v.removesuffix("_torchhooks").removesuffix("_modepath").endswith("_re"):
             options["use_reentrant"] = True
         handles[v] = torch_offload.apply(model, mode, **options)
     models[v] = model
@@ -54,10 +56,13 @@ del base
 
 checkpoint_module = importlib.import_module("torch_offload.checkpoint")
 c_hooks_serve = checkpoint_module._c_hooks_serve
+attention_module = importlib.import_module("torch_offload.attention_offload")
+frame_of_context = attention_module.frame_of_context
 
 
 def step(v):
     checkpoint_module._c_hooks_serve = (lambda debug: False) if v.endswith("_torchhooks") else c_hooks_serve
+    attention_module.frame_of_context = (lambda: None) if v.endswith("_modepath") else frame_of_context
     model = models[v]
     model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
