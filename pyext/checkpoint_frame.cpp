@@ -25,17 +25,13 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <map>
-#include <sstream>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
-namespace {
+#include "pyext/checkpoint_check.h"
 
-struct SavedMetadata {
-  std::vector<int64_t> sizes;
-  at::ScalarType dtype;
-  c10::Device device;
-};
+namespace {
 
 // One backward's recomputed tensors, by the index the forward's pack hook returned.
 struct Recomputed {
@@ -49,9 +45,13 @@ struct Recomputed {
 using BackwardKey = std::pair<PyObject*, int64_t>;
 
 struct FrameState {
-  std::vector<SavedMetadata> metadata;  // the forward's saves, for the determinism check
+  std::vector<torch_offload_pyext::SavedMetadata>
+      metadata;  // the forward's saves, for the determinism check
   std::map<BackwardKey, Recomputed> by_backward;
-  std::vector<BackwardKey> recording;  // the backwards whose recompute runs now, innermost last
+  // Per thread, the backwards whose recompute runs there now, innermost last: record() files a save
+  // under the backward recomputing in its own thread (two backwards may recompute one frame at
+  // once).
+  std::unordered_map<unsigned long, std::vector<BackwardKey>> recording;
   int64_t next_temporary = -2;
   bool capturing = false;            // begin_capture: the forward's saves are also kept here
   std::vector<at::Tensor> captured;  // ... until end_capture hands them out
@@ -69,24 +69,6 @@ struct CheckpointFrame {
 };
 
 PyObject* stop_recompute_type = nullptr;  // made in add_checkpoint_frame
-
-// Raises torch.utils.checkpoint.CheckpointError(message); returns nullptr.
-PyObject* raise_checkpoint_error(const std::string& message) {
-  static PyObject* error_type = nullptr;
-  if (error_type == nullptr) {
-    PyObject* module = PyImport_ImportModule("torch.utils.checkpoint");
-    if (module == nullptr) return nullptr;
-    error_type = PyObject_GetAttrString(module, "CheckpointError");
-    Py_DECREF(module);
-    if (error_type == nullptr) return nullptr;
-  }
-  PyErr_SetString(error_type, message.c_str());
-  return nullptr;
-}
-
-const char kDebugTip[] =
-    "\nTip: To see a more detailed error message, pass `debug=True` to "
-    "torch_offload.checkpoint(...) (torch's checkpoint path, with its operator traces).";
 
 PyObject* frame_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   static const char* names[] = {"recompute", "check_metadata", "early_stop", nullptr};
@@ -157,8 +139,7 @@ PyObject* frame_pack(PyObject* self, PyObject* t) {
   const at::Tensor* tensor = tensor_argument(t, "pack");
   if (tensor == nullptr) return nullptr;
   if (frame->check_metadata) {
-    frame->state->metadata.push_back(
-        {tensor->sizes().vec(), tensor->scalar_type(), tensor->device()});
+    frame->state->metadata.push_back(torch_offload_pyext::SavedMetadata::of(*tensor));
   }
   if (frame->state->capturing) frame->state->captured.push_back(*tensor);
   return PyLong_FromSize_t(frame->saved++);
@@ -182,47 +163,6 @@ bool current_backward(FrameState* state, BackwardKey& key) {
 
 bool is_temporary(const BackwardKey& key) { return key.first == nullptr && key.second < 0; }
 
-std::string describe(const SavedMetadata& m) {
-  std::ostringstream out;
-  out << "{'shape': torch.Size([";
-  for (size_t i = 0; i < m.sizes.size(); ++i) out << (i ? ", " : "") << m.sizes[i];
-  out << "]), 'dtype': " << m.dtype << ", 'device': " << m.device << "}";
-  return out.str();
-}
-
-// The determinism check after a recompute (torch's check_recomputed_tensors_match).
-bool recompute_matches(const CheckpointFrame* frame, const Recomputed& recomputed) {
-  if (frame->ignore_mismatch) return true;
-  if (recomputed.values.size() != frame->saved) {
-    std::ostringstream message;
-    message << "torch_offload.checkpoint: A different number of tensors was saved during the "
-               "original forward and recomputation.\nNumber of tensors saved during forward: "
-            << frame->saved
-            << "\nNumber of tensors saved during recomputation: " << recomputed.values.size()
-            << ".\n"
-            << kDebugTip;
-    raise_checkpoint_error(message.str());
-    return false;
-  }
-  if (!frame->check_metadata) return true;
-  std::ostringstream mismatched;
-  for (size_t i = 0; i < frame->saved; ++i) {
-    const SavedMetadata& saved = frame->state->metadata[i];
-    const at::Tensor& value = recomputed.values[i];
-    const SavedMetadata now{value.sizes().vec(), value.scalar_type(), value.device()};
-    if (now.sizes != saved.sizes || now.dtype != saved.dtype || now.device != saved.device) {
-      mismatched << "tensor at position " << i << ":\nsaved metadata: " << describe(saved)
-                 << "\nrecomputed metadata: " << describe(now) << "\n";
-    }
-  }
-  if (mismatched.tellp() == 0) return true;
-  raise_checkpoint_error(
-      "torch_offload.checkpoint: Recomputed values for the following tensors have different "
-      "metadata than during the forward pass.\n" +
-      mismatched.str() + ".\n" + kDebugTip);
-  return false;
-}
-
 void erase(FrameState* state, std::map<BackwardKey, Recomputed>::iterator entry) {
   Py_CLEAR(entry->second.group);
   state->by_backward.erase(entry);
@@ -245,9 +185,15 @@ PyObject* frame_unpack(PyObject* self, PyObject* index_object) {
     Py_XDECREF(key.first);
   }
   if (!entry->second.done) {
-    state->recording.push_back(key);
+    if (frame->recompute == nullptr) {
+      PyErr_SetString(PyExc_RuntimeError, "torch_offload.checkpoint: this checkpoint was cleared");
+      return nullptr;
+    }
+    std::vector<BackwardKey>& mine = state->recording[PyThread_get_thread_ident()];
+    mine.push_back(key);
     PyObject* result = PyObject_CallOneArg(frame->recompute, self);
-    state->recording.pop_back();
+    // (re-read: the recompute may have added other threads' stacks)
+    state->recording[PyThread_get_thread_ident()].pop_back();
     entry = state->by_backward.find(key);  // the recompute may have run other unpacks
     if (result == nullptr) {
       if (entry != state->by_backward.end()) erase(state, entry);
@@ -255,14 +201,16 @@ PyObject* frame_unpack(PyObject* self, PyObject* index_object) {
     }
     Py_DECREF(result);
     entry->second.done = true;
-    if (!recompute_matches(frame, entry->second)) {
+    if (!frame->ignore_mismatch &&
+        !torch_offload_pyext::recompute_matches(frame->state->metadata, frame->saved,
+                                                frame->check_metadata, entry->second.values)) {
       erase(state, entry);
       return nullptr;
     }
   }
   std::vector<at::Tensor>& values = entry->second.values;
   if (index >= values.size() || !values[index].defined()) {
-    return raise_checkpoint_error(
+    return torch_offload_pyext::raise_checkpoint_error(
         "torch_offload.checkpoint: Unpack is being triggered for a tensor that was already "
         "unpacked once. If you are calling ctx.saved_tensors in backward, make sure to do so only "
         "once. Otherwise please open an issue with details on your use case.");
@@ -282,8 +230,10 @@ PyObject* frame_record(PyObject* self, PyObject* t) {
   const at::Tensor* tensor = tensor_argument(t, "record");
   if (tensor == nullptr) return nullptr;
   FrameState* state = frame->state;
-  auto entry = state->recording.empty() ? state->by_backward.end()
-                                        : state->by_backward.find(state->recording.back());
+  const auto mine = state->recording.find(PyThread_get_thread_ident());
+  auto entry = mine == state->recording.end() || mine->second.empty()
+                   ? state->by_backward.end()
+                   : state->by_backward.find(mine->second.back());
   if (entry == state->by_backward.end()) {
     PyErr_SetString(PyExc_RuntimeError,
                     "torch_offload.checkpoint: a recompute saved a tensor with no backward waiting "
@@ -296,10 +246,10 @@ PyObject* frame_record(PyObject* self, PyObject* t) {
       frame->ignore_mismatch = true;
       return Py_NewRef(t);
     }
-    return raise_checkpoint_error(
+    return torch_offload_pyext::raise_checkpoint_error(
         std::string("torch_offload.checkpoint: trying to save more tensors during recomputation "
                     "than during the original forward pass.\n") +
-        kDebugTip);
+        torch_offload_pyext::kCheckpointDebugTip);
   }
   values.push_back(tensor->requires_grad() ? tensor->detach() : *tensor);
   if (frame->early_stop && values.size() == frame->saved) {
@@ -351,8 +301,9 @@ PyObject* frame_saved(PyObject* self, void*) {
 
 PyObject* frame_recorded(PyObject* self, void*) {
   const FrameState* state = reinterpret_cast<CheckpointFrame*>(self)->state;
-  if (state->recording.empty()) Py_RETURN_NONE;
-  const auto entry = state->by_backward.find(state->recording.back());
+  const auto mine = state->recording.find(PyThread_get_thread_ident());
+  if (mine == state->recording.end() || mine->second.empty()) Py_RETURN_NONE;
+  const auto entry = state->by_backward.find(mine->second.back());
   if (entry == state->by_backward.end()) Py_RETURN_NONE;
   return PyLong_FromSize_t(entry->second.values.size());
 }
