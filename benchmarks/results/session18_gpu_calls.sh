@@ -1,4 +1,4 @@
-# Session 18 (2026-11-24): the GPU calls, in order; calls 1-5 ran as `bash .gpu/s18callN.sh $OUT` on nvidia-h100-x1
+# Session 18 (2026-11-24): the GPU calls, in order; calls 1-5 and 7 ran as `bash .gpu/s18callN.sh $OUT` on nvidia-h100-x1
 # with carry [build/libtorch_offload.so, build/_save_hooks.cpython-312-x86_64-linux-gnu.so (built here against
 # /root/.pyenv/versions/3.12.1: cmake -S . -B /tmp/build-py312 -G Ninja -DPython3_EXECUTABLE=/root/.pyenv/versions/3.12.1/bin/python3
 # -DTORCH_OFFLOAD_BUILD_TESTS=OFF -DTORCH_OFFLOAD_BUILD_EXAMPLES=OFF, target torch_offload_save_hooks, strip --strip-debug), .gpu];
@@ -80,3 +80,12 @@ grep -E "^\| [0-9]" $OUT/bench_selective_final_session18_h100.log
 
 ### call 6
 SKIP_BENCH=1 bash benchmarks/gpu_check.sh $OUT > $OUT/gpu_check_session18.log 2>&1
+
+### call 7
+# Session 18, call 7: issue 10's auto target at 16k: which selective rows the final build gives, with the out_proj
+# products kept on the GPU instead of offloaded (the link is full at 16k with attention+qkv+out_proj), and auto.
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 280 python3 benchmarks/bench_selective.py --out $OUT/sel16 --seqs 16384 --rounds 3 --steps 3 --warmup 1 \
+  --variants ckpt,selective,sel:attention+qkv+out_proj,sel:attention+qkv+keep_out_proj,auto > $OUT/bench_selective_16k_keep_out_proj_h100.log 2>&1
+grep -E "^\| [0-9]|plan|kept" $OUT/bench_selective_16k_keep_out_proj_h100.log | head -30
