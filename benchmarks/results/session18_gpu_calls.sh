@@ -89,3 +89,6 @@ export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTH
 timeout 280 python3 benchmarks/bench_selective.py --out $OUT/sel16 --seqs 16384 --rounds 3 --steps 3 --warmup 1 \
   --variants ckpt,selective,sel:attention+qkv+out_proj,sel:attention+qkv+keep_out_proj,auto > $OUT/bench_selective_16k_keep_out_proj_h100.log 2>&1
 grep -E "^\| [0-9]|plan|kept" $OUT/bench_selective_16k_keep_out_proj_h100.log | head -30
+
+### call 8
+SKIP_BENCH=1 bash benchmarks/gpu_check.sh $OUT > $OUT/gpu_check_session18_final.log 2>&1  # the tree at 0b78cee
