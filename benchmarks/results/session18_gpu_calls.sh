@@ -1,4 +1,4 @@
-# Session 18 (2026-11-24): the GPU calls, in order; calls 1-5 and 7 ran as `bash .gpu/s18callN.sh $OUT` on nvidia-h100-x1
+# Session 18 (2026-11-24): the GPU calls, in order; calls 1-5, 7 and 9 ran as `bash .gpu/s18callN.sh $OUT` on nvidia-h100-x1
 # with carry [build/libtorch_offload.so, build/_save_hooks.cpython-312-x86_64-linux-gnu.so (built here against
 # /root/.pyenv/versions/3.12.1: cmake -S . -B /tmp/build-py312 -G Ninja -DPython3_EXECUTABLE=/root/.pyenv/versions/3.12.1/bin/python3
 # -DTORCH_OFFLOAD_BUILD_TESTS=OFF -DTORCH_OFFLOAD_BUILD_EXAMPLES=OFF, target torch_offload_save_hooks, strip --strip-debug), .gpu];
@@ -92,3 +92,12 @@ grep -E "^\| [0-9]|plan|kept" $OUT/bench_selective_16k_keep_out_proj_h100.log | 
 
 ### call 8
 SKIP_BENCH=1 bash benchmarks/gpu_check.sh $OUT > $OUT/gpu_check_session18_final.log 2>&1  # the tree at 0b78cee
+
+### call 9
+# Session 18, call 9: hidden_states (and "attention") against torch's checkpoint at 16k and 32k, more sets, final build.
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 200 python3 benchmarks/results/stepwise_models_issue10.py 32768 14 ckpt,hidden \
+  > $OUT/stepwise_final_32k_14sets_session18_h100.log 2>&1; grep -v -i warn $OUT/stepwise_final_32k_14sets_session18_h100.log | tail -3
+timeout 200 python3 benchmarks/results/stepwise_models_issue10.py 16384 30 ckpt,hidden,selective \
+  > $OUT/stepwise_final_16k_30sets_session18_h100.log 2>&1; grep -v -i warn $OUT/stepwise_final_16k_30sets_session18_h100.log | tail -4
