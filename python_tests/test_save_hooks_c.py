@@ -52,6 +52,7 @@ def test_kept_and_offloaded_saves_hold_no_extra_references():
 
 
 def test_without_the_c_hooks_the_python_ones_run_and_give_the_same_gradients(tmp_path):
+    # ... and the checkpoint runs on torch's implementation, with the same gradients.
     # A process that does not load them (as where they were not built).
     script = tmp_path / "python_hooks.py"
     script.write_text(
@@ -71,6 +72,11 @@ def test_without_the_c_hooks_the_python_ones_run_and_give_the_same_gradients(tmp
         "loss.backward()\n"
         "assert all(torch.equal(a, p.grad) for a, p in zip(plain, net.parameters()))\n"
         "assert hooks.stats()['offloaded_saves'] > 0\n"
+        "from torch_offload import nonreentrant\n"
+        "assert not nonreentrant.available()  # the checkpoint runs on torch's implementation\n"
+        "net.zero_grad()\n"
+        "torch_offload.checkpoint(net, x.requires_grad_(), use_reentrant=False).square().sum().backward()\n"
+        "assert all(torch.equal(a, p.grad) for a, p in zip(plain, net.parameters()))\n"
         "print('ok')\n")
     env = dict(os.environ, TORCH_OFFLOAD_PYTHON_SAVE_HOOKS="1", TORCH_OFFLOAD_LIBRARY=_library.load_library(),
                PYTHONPATH=str(Path(torch_offload.__file__).resolve().parents[1]))
