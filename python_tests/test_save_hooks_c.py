@@ -52,8 +52,8 @@ def test_kept_and_offloaded_saves_hold_no_extra_references():
 
 
 def test_without_the_c_hooks_the_python_ones_run_and_give_the_same_gradients(tmp_path):
-    # ... and the checkpoint runs on torch's implementation, with the same gradients.
-    # A process that does not load them (as where they were not built).
+    # A process that does not load them (as where they were not built); its checkpoint runs on
+    # torch's implementation, with the same gradients.
     script = tmp_path / "python_hooks.py"
     script.write_text(
         "import torch, torch_offload\n"
