@@ -39,12 +39,14 @@ class _Offloaded:
     """The outputs of offloaded op calls, in call order per op, shared by the forward and the
     recompute mode of one checkpoint; and the decision torch's mode reads next."""
 
-    def __init__(self, manager, min_bytes):
+    def __init__(self, manager, min_bytes, finish_at_end=False):
         self.manager = manager  # alive as long as handles it saved
         self.manager_id = manager.id()
         self.min_bytes = min_bytes
         self.calls = defaultdict(list)
         self.stood_in = []  # the captured calls (stand_in.py), in call order
+        # handles offloaded by this forward, until finish_saves() (where the caller calls it)
+        self.in_forward = [] if finish_at_end else None
         self.decision = None
 
     def take_decision(self, ctx, op, *args, **kwargs):  # torch's policy: what our mode decided
@@ -80,13 +82,28 @@ class _Offloaded:
         if value.numel() == 0 or value.numel() * value.element_size() < self.min_bytes or value.layout != torch.strided:
             return value.detach()
         if value.is_contiguous():  # the common case: restored as it is
-            return _Held(_Packed(offload_save(value, self.manager_id), value.device, None, None), None)
+            handle = offload_save(value, self.manager_id)
+            if self.in_forward is not None:
+                self.in_forward.append(handle)
+            return _Held(_Packed(handle, value.device, None, None), None)
         # A layout that is neither dense nor a permutation of dense comes back contiguous from
         # _rebuild: then the strides are remembered, to restore them.
         permutation, expanded_sizes, exact = compact_recipe(value)
         source = compact_with(value, permutation, expanded_sizes)
-        packed = _Packed(offload_save(source, self.manager_id), value.device, permutation, expanded_sizes)
+        handle = offload_save(source, self.manager_id)
+        if self.in_forward is not None:
+            self.in_forward.append(handle)
+        packed = _Packed(handle, value.device, permutation, expanded_sizes)
         return _Held(packed, None if exact else (value.shape, value.stride()))
+
+    def finish_saves(self):
+        """At the end of the block's forward: the device memory of what it offloaded is released in
+        stream order now (as the block input's is), not when a later call of the manager finds the
+        copy done: otherwise the last block's outputs could still be held when backward begins."""
+        for handle in self.in_forward or ():
+            self.manager.finish_save(handle)
+        if self.in_forward:
+            self.in_forward.clear()
 
     def pack(self, value):
         """One output as this store keeps it: offloaded, or detached where under min_bytes."""
@@ -264,9 +281,11 @@ def checkpoint(function, *args, policy="attention", manager=None, min_bytes=DEFA
             offloaded_groups, kept_groups = split_kept(groups)
             weights = projection_weights(block, offloaded_groups)
             kept_weights = projection_weights(block, kept_groups)
-        context_fn = functools.partial(attention_offload_contexts, _Offloaded(manager, min_bytes), weights,
+        store = _Offloaded(manager, min_bytes, finish_at_end=True)
+        context_fn = functools.partial(attention_offload_contexts, store, weights,
                                        _Kept(manager) if kept_weights else None, kept_weights)
     else:
+        store = None  # made per call by selective_offload_contexts
         context_fn = functools.partial(selective_offload_contexts, policy, manager, min_bytes)
     if use_reentrant:
         # torch's keywords, as torch's reentrant checkpoint takes them (debug is refused, the rest ignored).
@@ -274,6 +293,10 @@ def checkpoint(function, *args, policy="attention", manager=None, min_bytes=DEFA
                    if name in kwargs}
         if options.get("debug"):
             raise ValueError("torch_offload.selective_checkpoint: debug= is only taken with use_reentrant=False")
-        return reentrant_checkpoint(function, args, kwargs, manager, options.get("preserve_rng_state", True),
-                                    scopes=context_fn)
-    return offload_checkpoint(function, *args, context_fn=context_fn, manager=manager, **kwargs)
+        output = reentrant_checkpoint(function, args, kwargs, manager, options.get("preserve_rng_state", True),
+                                      scopes=context_fn)
+    else:
+        output = offload_checkpoint(function, *args, context_fn=context_fn, manager=manager, **kwargs)
+    if store is not None:
+        store.finish_saves()
+    return output
