@@ -1,10 +1,12 @@
-# Session 18 (2026-11-24): the GPU calls, in order; calls 1-5, 7 and 9 ran as `bash .gpu/s18callN.sh $OUT` on nvidia-h100-x1
+# Session 18 (2026-11-24): the GPU calls, in order; calls 1-5, 7 and 9-14 ran as `bash .gpu/s18callN.sh $OUT` on nvidia-h100-x1
 # with carry [build/libtorch_offload.so, build/_save_hooks.cpython-312-x86_64-linux-gnu.so (built here against
 # /root/.pyenv/versions/3.12.1: cmake -S . -B /tmp/build-py312 -G Ninja -DPython3_EXECUTABLE=/root/.pyenv/versions/3.12.1/bin/python3
 # -DTORCH_OFFLOAD_BUILD_TESTS=OFF -DTORCH_OFFLOAD_BUILD_EXAMPLES=OFF, target torch_offload_save_hooks, strip --strip-debug), .gpu];
 # call 6 built everything on the GPU machine itself. Call 1 ran b38d067 (the checkpoint frames); call 2 that plus
 # the dispatch mode without torch's dynamo-disable wrapper (committed with the stand-in); calls 3-6 the stand-in
 # (5957396) and this session's README (gpu_check's summary names the copy's git base, f3ae411, "+dirty").
+# Call 13 ran twice (its first snapshot read no stack frames; the script was fixed); its second run is the log. Call 14 ran
+# the tree with _Offloaded.finish_saves (committed after it).
 
 ### call 1
 # Session 18, call 1: our non-reentrant checkpoint with its hooks in C (torch_offload/nonreentrant.py) against
@@ -101,3 +103,42 @@ timeout 200 python3 benchmarks/results/stepwise_models_issue10.py 32768 14 ckpt,
   > $OUT/stepwise_final_32k_14sets_session18_h100.log 2>&1; grep -v -i warn $OUT/stepwise_final_32k_14sets_session18_h100.log | tail -3
 timeout 200 python3 benchmarks/results/stepwise_models_issue10.py 16384 30 ckpt,hidden,selective \
   > $OUT/stepwise_final_16k_30sets_session18_h100.log 2>&1; grep -v -i warn $OUT/stepwise_final_16k_30sets_session18_h100.log | tail -4
+
+### call 10
+# Session 18, call 10: issue 10's 64k target with the final build (the C checkpoint hooks, the attention stand-in).
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 420 python3 benchmarks/bench_selective.py --out $OUT/sel64 --seqs 65536 --steps 2 --warmup 1 \
+  --variants ckpt,hidden,selective > $OUT/bench_selective_64k_session18_h100.log 2>&1
+grep -E "^\| [0-9]" $OUT/bench_selective_64k_session18_h100.log
+
+### call 11
+# Session 18, call 11: selective's peak at 64k with the stand-in against the dispatch-mode path, one process.
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 300 python3 benchmarks/results/stepwise_models_issue10.py 65536 3 hidden,selective,selective_modepath \
+  > $OUT/stepwise_stand_in_64k_h100.log 2>&1; grep -v -i warn $OUT/stepwise_stand_in_64k_h100.log | tail -4
+
+### call 12
+# Session 18, call 12: where the stand-in's extra peak memory is, forward or backward (32k and 64k).
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 150 python3 benchmarks/results/stand_in_peak_phases.py 32768 2 > $OUT/stand_in_peak_phases_32k_h100.log 2>&1
+grep -v -i warn $OUT/stand_in_peak_phases_32k_h100.log | tail -4
+
+### call 13
+# Session 18, call 13: what the stand-in holds after the forward that the dispatch-mode path does not (16k).
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 150 python3 benchmarks/results/stand_in_after_forward.py 16384 > $OUT/stand_in_after_forward_16k_h100.log 2>&1
+grep -v -i warn $OUT/stand_in_after_forward_16k_h100.log | tail -40
+
+### call 14
+# Session 18, call 14: the offloaded outputs' device memory released at the end of each selective block's forward
+# (_Offloaded.finish_saves): peaks at 32k (forward / backward) and 64k, against hidden_states and the mode path.
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+timeout 100 python3 benchmarks/results/stand_in_peak_phases.py 32768 2 > $OUT/stand_in_peak_phases_32k_finish_h100.log 2>&1
+grep -v -i warn $OUT/stand_in_peak_phases_32k_finish_h100.log | tail -4
+timeout 300 python3 benchmarks/results/stepwise_models_issue10.py 65536 3 ckpt,hidden,selective,selective_modepath \
+  > $OUT/stepwise_finish_64k_h100.log 2>&1; grep -v -i warn $OUT/stepwise_finish_64k_h100.log | tail -5
