@@ -295,23 +295,6 @@ PyObject* frame_finish_forward(PyObject* self, PyObject*) {
   Py_RETURN_NONE;
 }
 
-PyObject* frame_saved(PyObject* self, void*) {
-  return PyLong_FromSize_t(reinterpret_cast<CheckpointFrame*>(self)->saved);
-}
-
-PyObject* frame_recorded(PyObject* self, void*) {
-  const FrameState* state = reinterpret_cast<CheckpointFrame*>(self)->state;
-  const auto mine = state->recording.find(PyThread_get_thread_ident());
-  if (mine == state->recording.end() || mine->second.empty()) Py_RETURN_NONE;
-  const auto entry = state->by_backward.find(mine->second.back());
-  if (entry == state->by_backward.end()) Py_RETURN_NONE;
-  return PyLong_FromSize_t(entry->second.values.size());
-}
-
-PyObject* frame_backwards(PyObject* self, void*) {
-  return PyLong_FromSize_t(reinterpret_cast<CheckpointFrame*>(self)->state->by_backward.size());
-}
-
 PyMethodDef frame_methods[] = {
     {"pack", frame_pack, METH_O, "the forward's pack hook: the save's index"},
     {"unpack", frame_unpack, METH_O, "the unpack hook: recomputes once per backward"},
@@ -321,20 +304,12 @@ PyMethodDef frame_methods[] = {
     {"end_capture", frame_end_capture, METH_NOARGS, "the saves kept since begin_capture"},
     {nullptr, nullptr, 0, nullptr}};
 
-PyGetSetDef frame_getset[] = {
-    {"saved", frame_saved, nullptr, "tensors saved in forward", nullptr},
-    {"recorded", frame_recorded, nullptr,
-     "tensors the running recompute has saved so far (None outside a recompute)", nullptr},
-    {"backwards", frame_backwards, nullptr, "backwards this frame has recomputed for", nullptr},
-    {nullptr, nullptr, nullptr, nullptr, nullptr}};
-
 PyType_Slot frame_slots[] = {
     {Py_tp_new, reinterpret_cast<void*>(frame_new)},
     {Py_tp_dealloc, reinterpret_cast<void*>(frame_dealloc)},
     {Py_tp_traverse, reinterpret_cast<void*>(frame_traverse)},
     {Py_tp_clear, reinterpret_cast<void*>(frame_clear)},
     {Py_tp_methods, frame_methods},
-    {Py_tp_getset, frame_getset},
     {Py_tp_doc, const_cast<char*>("the saved-tensor hooks of one non-reentrant checkpoint call "
                                   "(torch_offload/nonreentrant.py)")},
     {0, nullptr}};

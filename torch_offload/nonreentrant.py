@@ -34,11 +34,13 @@ DETERMINISM_CHECKS = ("default", "none")
 _running = threading.local()  # .frames: the frames whose forward or recompute runs in this thread
 
 
-def _frames() -> list:
+def _run(stack: contextlib.ExitStack, frame) -> None:
+    """`frame` is this thread's current frame until `stack` closes (current_frame())."""
     frames = getattr(_running, "frames", None)
     if frames is None:
         frames = _running.frames = []
-    return frames
+    frames.append(frame)
+    stack.callback(frames.pop)
 
 
 def current_frame():
@@ -99,28 +101,21 @@ def checkpoint_without_reentrant(function, args, kwargs, device_type: str, tenso
     stop = hooks.StopRecompute
 
     def recompute(frame):
-        frames = _frames()
-        frames.append(frame)
         try:
             with saved_tensors_hooks(frame.record, _as_saved), torch.enable_grad(), \
                     contextlib.ExitStack() as stack:
+                _run(stack, frame)
                 replay.enter(stack)
                 _enter(stack, recompute_context, frame)
                 stack.enter_context(device_context)
                 function(*args, **kwargs)
         except stop:
             pass
-        finally:
-            frames.pop()
 
     frame = hooks.CheckpointFrame(recompute, determinism_check == "default", bool(early_stop))
-    frames = _frames()
-    frames.append(frame)
-    try:
-        with saved_tensors_hooks(frame.pack, frame.unpack), contextlib.ExitStack() as stack:
-            _enter(stack, forward_context, frame)
-            output = function(*args, **kwargs)
-    finally:
-        frames.pop()
+    with saved_tensors_hooks(frame.pack, frame.unpack), contextlib.ExitStack() as stack:
+        _run(stack, frame)
+        _enter(stack, forward_context, frame)
+        output = function(*args, **kwargs)
     frame.finish_forward()
     return output

@@ -55,7 +55,7 @@ class _Offloaded:
 
     def save(self, op, out):
         with outside_dispatch_modes():  # modes below ours (torch's SAC) must not see our ops
-            self.calls[op].append(self._map(self._pack, out))
+            self.calls[op].append(self._map(self.pack, out))
 
     def restore(self, op):
         calls = self.calls.get(op)
@@ -66,7 +66,7 @@ class _Offloaded:
             raise RuntimeError("torch_offload selective offload: trying to backward an extra time; a region "
                                "under selective checkpointing can be backpropagated once")
         with outside_dispatch_modes():
-            return self._map(self._unpack, calls.pop(0))
+            return self._map(self.unpack, calls.pop(0))
 
     @staticmethod
     def _map(fn, out):
@@ -76,7 +76,8 @@ class _Offloaded:
             return tuple(fn(value) for value in out)
         return fn(out) if isinstance(out, torch.Tensor) else tree_map(fn, out)
 
-    def _pack(self, value):
+    def pack(self, value):
+        """One output as this store keeps it: offloaded, or detached where under min_bytes."""
         if not isinstance(value, torch.Tensor):
             return value
         if value.numel() == 0 or value.numel() * value.element_size() < self.min_bytes or value.layout != torch.strided:
@@ -100,20 +101,14 @@ class _Offloaded:
         """At the end of the block's forward: the device memory of what it offloaded is released in
         stream order now (as the block input's is), not when a later call of the manager finds the
         copy done: otherwise the last block's outputs could still be held when backward begins."""
-        for handle in self.in_forward or ():
+        if self.in_forward is None:
+            return
+        for handle in self.in_forward:
             self.manager.finish_save(handle)
-        if self.in_forward:
-            self.in_forward.clear()
-
-    def pack(self, value):
-        """One output as this store keeps it: offloaded, or detached where under min_bytes."""
-        return self._pack(value)
+        self.in_forward.clear()
 
     def unpack(self, value):
         """The output that pack() gave `value` for, on its device again."""
-        return self._unpack(value)
-
-    def _unpack(self, value):
         if not isinstance(value, _Held):
             return value
         restored = _rebuild(offload_restore(value.packed.handle, value.packed.device, self.manager_id), value.packed)
@@ -142,7 +137,7 @@ class _Kept(_Offloaded):
     # Held: an alias without autograd history (the op's own output gets the forward's grad_fn, and
     # holding it would close a cycle through that graph and this checkpoint that passes through C++,
     # so a forward never backpropagated would keep it forever).
-    def _pack(self, value):
+    def pack(self, value):
         if not isinstance(value, torch.Tensor):
             return value
         _bytes_kept[0] += value.numel() * value.element_size()
@@ -157,7 +152,7 @@ class _Kept(_Offloaded):
             self._last.watched, self._last.version = output.detach(), output._version
             self._last = None
 
-    def _unpack(self, value):
+    def unpack(self, value):
         if not isinstance(value, _KeptTensor):
             return value
         watched = value.watched
