@@ -17,9 +17,12 @@ without the suffix the hooks are the C ones of torch_offload/nonreentrant.py); s
 stand_in.py).
 Per variant: the median step, its peak allocated memory, and the median and mean over the sets of
 checkpointing's step / the variant's step (>1: faster than checkpointing); with "plain", the
-variant's step / plain training's (>1: slower).
+variant's step / plain training's (>1: slower). Session 19: each variant's 10th / 90th percentile and
+slowest step, and the time Python's garbage collector ran during its steps (gc.callbacks; mean per
+step, and the steps it ran in); STEPWISE_GC_FREEZE=1 moves every object made before the timed steps
+(the models, torch, transformers) out of the collector's reach (gc.freeze()).
 """
-import copy, os, statistics, sys, time
+import copy, gc, os, statistics, sys, time
 import torch
 sys.path.insert(0, os.getcwd())
 import importlib
@@ -75,15 +78,33 @@ def step(v):
     return elapsed, torch.cuda.max_memory_allocated() / 1e9
 
 
+gc_ms = [0.0]  # the collector's time since the counter was last read
+_gc_start = [0.0]
+
+
+def _on_gc(phase, info):
+    if phase == "start":
+        _gc_start[0] = time.perf_counter()
+    else:
+        gc_ms[0] += (time.perf_counter() - _gc_start[0]) * 1e3
+
+
 for i in range(2 * len(variants)):
     step(variants[i % len(variants)])
+if os.environ.get("STEPWISE_GC_FREEZE") == "1":
+    gc.collect()
+    gc.freeze()
+gc.callbacks.append(_on_gc)
+gc_times = {v: [] for v in variants}
 times = {v: [] for v in variants}
 peaks = {v: 0.0 for v in variants}
 for i in range(sets):
     shift = i % len(variants)
     for v in variants[shift:] + variants[:shift]:
+        gc_ms[0] = 0.0
         ms, peak = step(v)
         times[v].append(ms)
+        gc_times[v].append(gc_ms[0])
         peaks[v] = max(peaks[v], peak)
 resident = sum(p.numel() * p.element_size() for p in models[variants[0]].parameters()) / 1e9
 print(f"seq {seq}, {sets} sets of one step per variant (order rotating), {len(variants)} model copies "
@@ -96,3 +117,9 @@ for v in variants:
         slower = [t / p for p, t in zip(times["plain"], times[v])]
         extra += f"  variant / plain: median {statistics.median(slower):.4f}x, mean {statistics.mean(slower):.4f}x"
     print(f"{v:13s} {statistics.median(times[v]):8.1f} ms  peak {peaks[v]:6.2f} GB{extra}")
+for v in variants:
+    deciles = statistics.quantiles(times[v], n=10)
+    collected = sum(1 for t in gc_times[v] if t > 0)
+    print(f"{v:13s} p10 {deciles[0]:.1f}  p90 {deciles[-1]:.1f}  slowest {max(times[v]):.1f} ms; "
+          f"garbage collector {statistics.mean(gc_times[v]):.2f} ms per step, in {collected} of {len(gc_times[v])} steps"
+          f"{' (gc.freeze)' if os.environ.get('STEPWISE_GC_FREEZE') == '1' else ''}")
