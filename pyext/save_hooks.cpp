@@ -19,7 +19,9 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <new>
 #include <tuple>
+#include <utility>
 
 #include "pyext/checkpoint_frame.h"
 
@@ -54,30 +56,28 @@ const c10::TypedOperatorHandle<BatchOp>& batch_op() {
 }
 
 // What autograd keeps for one offloaded save: the save handle (a host tensor), the device to
-// restore to (a torch.device), and a DTensor's spec when the save is its local shard (set from
-// Python). Not tracked by the garbage collector (hundreds are made per step): none of the three
-// can lead back to it (the handle has no autograd history).
+// restore to, and a DTensor's spec when the save is its local shard (set from Python). The handle
+// and the device are held as C++ values: the pack hook makes no Python object for them (the
+// handle's Python tensor would be one more object for the garbage collector per save; a modules
+// step crossed its threshold with them), and Python reads them through getters. Not tracked by
+// the garbage collector (hundreds are made per step): none of the three can lead back to it (the
+// handle has no autograd history).
 struct SavedView {
   PyObject ob_base;  // PyObject_HEAD
-  PyObject* save;
-  PyObject* device;
+  at::Tensor save;   // constructed in place by make_saved_view, destroyed in saved_view_dealloc
+  c10::Device device;
   PyObject* dtensor_spec;
 };
 
-// A SavedView of `type` holding `save` and `device`, new references it takes over (nullptr where
-// wrapping one failed: the error is set). Both constructors, Python's and the pack hook's, use it.
-PyObject* make_saved_view(PyTypeObject* type, PyObject* save, PyObject* device) {
-  SavedView* view = nullptr;
-  if (save != nullptr && device != nullptr) {
-    view = reinterpret_cast<SavedView*>(type->tp_alloc(type, 0));
-  }
+// A SavedView of `type` holding `save` and `device` (nullptr with the error set where the
+// allocation failed). Both constructors, Python's and the pack hook's, use it.
+PyObject* make_saved_view(PyTypeObject* type, at::Tensor save, c10::Device device) {
+  auto* view = reinterpret_cast<SavedView*>(type->tp_alloc(type, 0));
   if (view == nullptr) {
-    Py_XDECREF(save);
-    Py_XDECREF(device);
     return nullptr;
   }
-  view->save = save;
-  view->device = device;
+  new (&view->save) at::Tensor(std::move(save));
+  new (&view->device) c10::Device(device);
   view->dtensor_spec = Py_NewRef(Py_None);
   return reinterpret_cast<PyObject*>(view);
 }
@@ -95,30 +95,40 @@ PyObject* saved_view_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
                     "SavedView(save, device): save must be a tensor and device a torch.device");
     return nullptr;
   }
-  return make_saved_view(type, Py_NewRef(save), Py_NewRef(device));
+  return make_saved_view(type, THPVariable_Unpack(save),
+                         reinterpret_cast<THPDevice*>(device)->device);
 }
 
 void saved_view_dealloc(PyObject* self) {
   auto* view = reinterpret_cast<SavedView*>(self);
-  Py_XDECREF(view->save);
-  Py_XDECREF(view->device);
+  view->save.~Tensor();
   Py_XDECREF(view->dtensor_spec);
   PyTypeObject* type = Py_TYPE(self);
   type->tp_free(self);
   Py_DECREF(type);  // a heap type: each instance holds a reference
 }
 
+PyObject* saved_view_save(PyObject* self, void*) {
+  return THPVariable_Wrap(reinterpret_cast<SavedView*>(self)->save);
+}
+
+PyObject* saved_view_device(PyObject* self, void*) {
+  return THPDevice_New(reinterpret_cast<SavedView*>(self)->device);
+}
+
+PyGetSetDef saved_view_getset[] = {
+    {"save", saved_view_save, nullptr, "the save handle (a host tensor)", nullptr},
+    {"device", saved_view_device, nullptr, "the device the save is restored to", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
 PyMemberDef saved_view_members[] = {
-    {"save", T_OBJECT_EX, offsetof(SavedView, save), READONLY, "the save handle (a host tensor)"},
-    {"device", T_OBJECT_EX, offsetof(SavedView, device), READONLY,
-     "the device the save is restored to"},
     {"dtensor_spec", T_OBJECT, offsetof(SavedView, dtensor_spec), 0, "a DTensor's spec, or None"},
     {nullptr, 0, 0, 0, nullptr}};
 
 PyTypeObject* saved_view_type = nullptr;  // made in PyInit__save_hooks
 
 PyObject* new_saved_view(const at::Tensor& save, c10::Device device) {
-  return make_saved_view(saved_view_type, THPVariable_Wrap(save), THPDevice_New(device));
+  return make_saved_view(saved_view_type, save, device);
 }
 
 // One set of hooks: the manager and filter ids, the weight-token registry (a dict that is empty
@@ -294,12 +304,10 @@ PyObject* save_hooks_unpack(PyObject* self, PyObject* packed) {
     return PyObject_CallOneArg(hooks->python_unpack, packed);
   }
   auto* view = reinterpret_cast<SavedView*>(packed);
-  const at::Tensor& save = THPVariable_Unpack(view->save);
-  const c10::Device device = reinterpret_cast<THPDevice*>(view->device)->device;
   at::Tensor restored;
   try {
     pybind11::gil_scoped_release no_gil;  // the op may wait for its copy
-    restored = unpack_op().call(save, device, hooks->manager);
+    restored = unpack_op().call(view->save, view->device, hooks->manager);
   } catch (...) {
     return raise_named(hooks);
   }
@@ -341,6 +349,7 @@ const char saved_view_doc[] =
 PyType_Slot saved_view_slots[] = {{Py_tp_new, reinterpret_cast<void*>(saved_view_new)},
                                   {Py_tp_dealloc, reinterpret_cast<void*>(saved_view_dealloc)},
                                   {Py_tp_members, saved_view_members},
+                                  {Py_tp_getset, saved_view_getset},
                                   {Py_tp_doc, const_cast<char*>(saved_view_doc)},
                                   {0, nullptr}};
 PyType_Spec saved_view_spec = {"torch_offload._save_hooks.SavedView", sizeof(SavedView), 0,

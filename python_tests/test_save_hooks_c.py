@@ -51,6 +51,30 @@ def test_kept_and_offloaded_saves_hold_no_extra_references():
     assert hooks.stats()["live_handles"] == 0
 
 
+def test_an_offloaded_save_gives_the_garbage_collector_no_new_object(save_hooks):
+    # A modules step saves hundreds of tensors: with one Python tensor per save handle, the step
+    # crossed the collector's threshold every time (0.3 ms of a 4k step on an H100).
+    if save_hooks != "c":
+        pytest.skip("the C hooks' SavedView holds its handle in C++; the Python one holds a tensor")
+    hooks = torch_offload.offload_activations("all", min_bytes=0)
+    sources = [torch.randn(256, requires_grad=True) * 2 for _ in range(100)]
+    packed = [None] * len(sources)
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for i, source in enumerate(sources):
+            packed[i] = hooks.pack_hook(source)
+        made = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert all(type(view) is saved_regions.SavedView for view in packed)
+    assert made < 10, f"{made} objects for the collector from 100 offloaded saves"
+    for view, source in zip(packed, sources):
+        assert view.device == source.device and view.save.dtype == source.dtype
+        assert torch.equal(hooks.unpack_hook(view), source)
+
+
 def test_without_the_c_hooks_the_python_ones_run_and_give_the_same_gradients(tmp_path):
     # A process that does not load them (as where they were not built); its checkpoint runs on
     # torch's implementation, with the same gradients.

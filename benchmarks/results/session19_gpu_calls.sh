@@ -1,6 +1,6 @@
-# Session 19 (2026-11-24): the GPU calls, in order; calls 2-4 ran as `bash .gpu/s19callN.sh $OUT` on nvidia-h100-x1 with carry
+# Session 19 (2026-11-24): the GPU calls, in order; calls 2-5 ran as `bash .gpu/s19callN.sh $OUT` on nvidia-h100-x1 with carry
 # [build/libtorch_offload.so, build/_save_hooks.cpython-312-x86_64-linux-gnu.so (built here against /root/.pyenv/versions/3.12.1 as
-# session18_gpu_calls.sh's header says), .gpu]; call 1 built everything on the GPU machine itself. Every call ran 4437ed3's code
+# session18_gpu_calls.sh's header says), .gpu]; call 1 built everything on the GPU machine itself. Calls 1-4 ran 4437ed3's code, call 5 that plus the C SavedView holding its handle in C++
 # (call 4 also the percentiles and garbage-collector timing added to stepwise_models_issue10.py).
 
 ### call 1
@@ -45,3 +45,18 @@ timeout 120 python3 benchmarks/results/stepwise_models_issue10.py 4096 80 plain,
   > $OUT/stepwise_modules_4k_gc_session19_h100.log 2>&1; grep -v -i warn $OUT/stepwise_modules_4k_gc_session19_h100.log | tail -5
 STEPWISE_GC_FREEZE=1 timeout 120 python3 benchmarks/results/stepwise_models_issue10.py 4096 80 plain,modules \
   > $OUT/stepwise_modules_4k_gc_freeze_session19_h100.log 2>&1; grep -v -i warn $OUT/stepwise_modules_4k_gc_freeze_session19_h100.log | tail -5
+
+### call 5
+# Session 19, call 5: the C SavedView holding its save handle and device as C++ values (no Python tensor per
+# offloaded save): the CUDA cases of the save-hook test files, then modules `*.self_attn` at 4k against plain
+# training step by step with the garbage collector's time per step (call 4: 0.29-0.31 ms in every modules step).
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name --format=csv,noheader
+(cd python_tests && timeout 200 python3 -m pytest -q -m cuda -p no:cacheprovider test_save_hooks_c.py test_activations.py \
+  test_activations_dedup.py test_modules.py test_module_presets.py test_keep_on_device.py test_first_restores.py test_layers.py) \
+  > $OUT/gpu_pytest_cuda_h100_session19_call5.log 2>&1; tail -2 $OUT/gpu_pytest_cuda_h100_session19_call5.log
+for run in 1 2; do
+  timeout 120 python3 benchmarks/results/stepwise_models_issue10.py 4096 80 plain,modules \
+    > $OUT/stepwise_modules_4k_c_view_${run}_session19_h100.log 2>&1; grep -v -i warn $OUT/stepwise_modules_4k_c_view_${run}_session19_h100.log | tail -4
+done
