@@ -1,6 +1,6 @@
 # Session 19 (2026-11-24): the GPU calls, in order; calls 2-5 ran as `bash .gpu/s19callN.sh $OUT` on nvidia-h100-x1 with carry
 # [build/libtorch_offload.so, build/_save_hooks.cpython-312-x86_64-linux-gnu.so (built here against /root/.pyenv/versions/3.12.1 as
-# session18_gpu_calls.sh's header says), .gpu]; call 1 built everything on the GPU machine itself. Calls 1-4 ran 4437ed3's code, call 5 that plus the C SavedView holding its handle in C++
+# session18_gpu_calls.sh's header says), .gpu]; calls 1 and 6 built everything on the GPU machine itself. Calls 1-4 ran 4437ed3's code, call 5 that plus the C SavedView holding its handle in C++
 # (call 4 also the percentiles and garbage-collector timing added to stepwise_models_issue10.py).
 
 ### call 1
@@ -60,3 +60,6 @@ for run in 1 2; do
   timeout 120 python3 benchmarks/results/stepwise_models_issue10.py 4096 80 plain,modules \
     > $OUT/stepwise_modules_4k_c_view_${run}_session19_h100.log 2>&1; grep -v -i warn $OUT/stepwise_modules_4k_c_view_${run}_session19_h100.log | tail -4
 done
+
+### call 6
+SKIP_BENCH=1 bash benchmarks/gpu_check.sh $OUT > $OUT/gpu_check_session19_final.log 2>&1   # on ead7be6, built there
