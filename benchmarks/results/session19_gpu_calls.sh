@@ -1,4 +1,4 @@
-# Session 19 (2026-11-24): the GPU calls, in order; calls 2-5, 7 and 8 ran as `bash .gpu/s19callN.sh $OUT` on nvidia-h100-x1, call 9 on
+# Session 19 (2026-11-24): the GPU calls, in order; calls 2-5, 7, 8 and 10 ran as `bash .gpu/s19callN.sh $OUT` on nvidia-h100-x1, call 9 on
 # nvidia-h200-x2 (lent late in the session), with carry
 # [build/libtorch_offload.so, build/_save_hooks.cpython-312-x86_64-linux-gnu.so (built here against /root/.pyenv/versions/3.12.1 as
 # session18_gpu_calls.sh's header says), .gpu]; calls 1 and 6 built everything on the GPU machine itself. Calls 1-4 ran 4437ed3's code, calls 5-9 that plus the C SavedView holding its handle in C++
@@ -109,3 +109,13 @@ echo "gradients rc=$?"; grep -v -i warn $OUT/fsdp2_gradients_session19.log | tai
 timeout 200 torchrun --standalone --nproc_per_node=2 benchmarks/bench_fsdp2.py --seqs 16384 --variants ckpt,hs_before,hs_after,all \
   --warmup 1 --steps 2 --timeout-s 150 --deadline-s 170 --out $OUT > $OUT/bench_fsdp2_16k_session19.log 2>&1
 echo "bench rc=$?"; grep -v -i warn $OUT/bench_fsdp2_16k_session19.log | tail -10
+
+### call 10
+# Session 19, call 10: the open question of session 7 (auto's window traded for a second unchecked block ran 25-40 ms
+# slower in all three runs): the two fixed plans side by side in interleaved rounds, Llama-3-8B shape at 8k.
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 420 python3 benchmarks/bench_selective.py --out $OUT/tail8b --shape llama3_8b --seqs 8192 --rounds 3 --steps 3 --warmup 1 \
+  --variants ckpt,sel:attention+qkv+out_proj@0.61#1,sel:attention+qkv+out_proj@0.40#2 > $OUT/bench_selective_tail_8b_session19_h100.log 2>&1
+grep -v -i warn $OUT/bench_selective_tail_8b_session19_h100.log | cut -c1-300 | tail -8
