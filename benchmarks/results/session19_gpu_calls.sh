@@ -1,4 +1,4 @@
-# Session 19 (2026-11-24): the GPU calls, in order; calls 2-5, 7, 8 and 10 ran as `bash .gpu/s19callN.sh $OUT` on nvidia-h100-x1, call 9 on
+# Session 19 (2026-11-24): the GPU calls, in order; calls 2-5, 7, 8, 10 and 11 ran as `bash .gpu/s19callN.sh $OUT` on nvidia-h100-x1, call 9 on
 # nvidia-h200-x2 (lent late in the session), with carry
 # [build/libtorch_offload.so, build/_save_hooks.cpython-312-x86_64-linux-gnu.so (built here against /root/.pyenv/versions/3.12.1 as
 # session18_gpu_calls.sh's header says), .gpu]; calls 1 and 6 built everything on the GPU machine itself. Calls 1-4 ran 4437ed3's code, calls 5-9 that plus the C SavedView holding its handle in C++
@@ -119,3 +119,15 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 420 python3 benchmarks/bench_selective.py --out $OUT/tail8b --shape llama3_8b --seqs 8192 --rounds 3 --steps 3 --warmup 1 \
   --variants ckpt,sel:attention+qkv+out_proj@0.61#1,sel:attention+qkv+out_proj@0.40#2 > $OUT/bench_selective_tail_8b_session19_h100.log 2>&1
 grep -v -i warn $OUT/bench_selective_tail_8b_session19_h100.log | cut -c1-300 | tail -8
+
+### call 11
+# Session 19, call 11: is hidden_states' last fraction of a percent at 16k / 32k the copies? hidden_states beside
+# the same mode with every block input kept on the GPU (no copy: checkpointing's GPU work through our checkpoint),
+# step by step against torch's checkpointing.
+OUT=${1:?}
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 200 python3 benchmarks/results/stepwise_models_issue10.py 32768 10 ckpt,hidden,hidden_nocopy \
+  > $OUT/stepwise_nocopy_32k_session19_h100.log 2>&1; grep -v -i warn $OUT/stepwise_nocopy_32k_session19_h100.log | tail -7
+timeout 150 python3 benchmarks/results/stepwise_models_issue10.py 16384 20 ckpt,hidden,hidden_nocopy \
+  > $OUT/stepwise_nocopy_16k_session19_h100.log 2>&1; grep -v -i warn $OUT/stepwise_nocopy_16k_session19_h100.log | tail -7

@@ -14,7 +14,7 @@ what the module hooks cost by themselves); session 18: any of hidden / selective
 checkpoint through torch's non-reentrant implementation, its Python hooks, as before session 18;
 without the suffix the hooks are the C ones of torch_offload/nonreentrant.py); selective + "_modepath"
 (the attention call served by the dispatch mode in forward and recompute, as before session 18's
-stand_in.py).
+stand_in.py); session 19: hidden_nocopy (hidden_states with every block input kept on the GPU, uncopied).
 Per variant: the median step, its peak allocated memory, and the median and mean over the sets of
 checkpointing's step / the variant's step (>1: faster than checkpointing); with "plain", the
 variant's step / plain training's (>1: slower). Session 19: each variant's 10th / 90th percentile and
@@ -50,6 +50,8 @@ for v in variants:
     elif v != "plain":
         mode = "selective" if v.startswith("selective") else "hidden_states"
         options = {"policy": "attention"} if mode == "selective" else {}
+        if v == "hidden_nocopy":  # every block input kept on the GPU: checkpointing's work, no copy
+            options["keep_on_device_bytes"] = 10 ** 12
         if v.removesuffix("_torchhooks").removesuffix("_modepath").endswith("_re"):
             options["use_reentrant"] = True
         handles[v] = torch_offload.apply(model, mode, **options)
