@@ -168,7 +168,7 @@ void erase(FrameState* state, std::map<BackwardKey, Recomputed>::iterator entry)
   state->by_backward.erase(entry);
 }
 
-// The backward's pack hook: recomputes the function once for this backward, then hands out the
+// The unpack hook: recomputes the function once for this backward, then hands out the
 // tensor saved at `index`.
 PyObject* frame_unpack(PyObject* self, PyObject* index_object) {
   auto* frame = reinterpret_cast<CheckpointFrame*>(self);

@@ -83,19 +83,20 @@ class _Offloaded:
         if value.numel() == 0 or value.numel() * value.element_size() < self.min_bytes or value.layout != torch.strided:
             return value.detach()
         if value.is_contiguous():  # the common case: restored as it is
-            handle = offload_save(value, self.manager_id)
-            if self.in_forward is not None:
-                self.in_forward.append(handle)
-            return _Held(_Packed(handle, value.device, None, None), None)
+            return _Held(_Packed(self._offload(value), value.device, None, None), None)
         # A layout that is neither dense nor a permutation of dense comes back contiguous from
         # _rebuild: then the strides are remembered, to restore them.
         permutation, expanded_sizes, exact = compact_recipe(value)
         source = compact_with(value, permutation, expanded_sizes)
+        packed = _Packed(self._offload(source), value.device, permutation, expanded_sizes)
+        return _Held(packed, None if exact else (value.shape, value.stride()))
+
+    def _offload(self, source):
+        """offload_save's handle for `source`, remembered for finish_saves() in a block's forward."""
         handle = offload_save(source, self.manager_id)
         if self.in_forward is not None:
             self.in_forward.append(handle)
-        packed = _Packed(handle, value.device, permutation, expanded_sizes)
-        return _Held(packed, None if exact else (value.shape, value.stride()))
+        return handle
 
     def finish_saves(self):
         """At the end of the block's forward: the device memory of what it offloaded is released in
