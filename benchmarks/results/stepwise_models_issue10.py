@@ -14,7 +14,10 @@ what the module hooks cost by themselves); session 18: any of hidden / selective
 checkpoint through torch's non-reentrant implementation, its Python hooks, as before session 18;
 without the suffix the hooks are the C ones of torch_offload/nonreentrant.py); selective + "_modepath"
 (the attention call served by the dispatch mode in forward and recompute, as before session 18's
-stand_in.py); session 19: hidden_nocopy (hidden_states with every block input kept on the GPU, uncopied).
+stand_in.py); session 19: hidden_nocopy (hidden_states with every block input kept on the GPU, uncopied);
+session 20: torch_sac (torch's selective checkpointing with the policy that keeps the attention
+outputs on the GPU: what the "attention" policy gives with no copy at all), modules_keep (mode "modules" with min_bytes=2**62: every save goes through the hooks and
+the engine's filter and stays on the GPU), any of hidden / selective + "@GB" (keep_on_device_bytes: the newest saves, up to GB, stay on the GPU).
 Per variant: the median step, its peak allocated memory, and the median and mean over the sets of
 checkpointing's step / the variant's step (>1: faster than checkpointing); with "plain", the
 variant's step / plain training's (>1: slower). Session 19: each variant's 10th / 90th percentile and
@@ -22,11 +25,13 @@ slowest step, and the time Python's garbage collector ran during its steps (gc.c
 step, and the steps it ran in); STEPWISE_GC_FREEZE=1 moves every object made before the timed steps
 (the models, torch, transformers) out of the collector's reach (gc.freeze()).
 """
-import copy, gc, os, statistics, sys, time
+import copy, functools, gc, os, statistics, sys, time
 import torch
+from torch.utils.checkpoint import create_selective_checkpoint_contexts
 sys.path.insert(0, os.getcwd())
 import importlib
 import torch_offload
+from torch_offload import policies
 from torch_offload.bench.common import REFERENCE as REF, build_llama
 
 seq = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
@@ -39,9 +44,15 @@ for v in variants:
     model = copy.deepcopy(base)
     if v.startswith("ckpt"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": v == "ckpt_re"})
+    elif v == "torch_sac":  # torch's selective checkpointing keeping the attention outputs on the GPU
+        context_fn = functools.partial(create_selective_checkpoint_contexts, policies.attention_save)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False,
+                                                                           "context_fn": context_fn})
     elif v.startswith("modules"):
         name, _, nobatch = v.partition("_nobatch")
         options = {"max_in_flight": int(name[len("modules_mif"):])} if name.startswith("modules_mif") else {}
+        if name == "modules_keep":  # every save kept by the engine's filter: the hooks' cost without copies
+            options["min_bytes"] = 1 << 62
         handles[v] = torch_offload.apply(model, "modules", targets=["*.self_attn"], **options)
         handles[v].modules.hooks.batch_copies = not v.endswith("_nobatch")
         if v == "modules_nosave":
@@ -50,9 +61,11 @@ for v in variants:
     elif v != "plain":
         mode = "selective" if v.startswith("selective") else "hidden_states"
         options = {"policy": "attention"} if mode == "selective" else {}
+        if "@" in v:
+            options["keep_on_device_bytes"] = int(float(v.partition("@")[2]) * 1e9)
         if v == "hidden_nocopy":  # every block input kept on the GPU: checkpointing's work, no copy
             options["keep_on_device_bytes"] = 10 ** 12
-        if v.removesuffix("_torchhooks").removesuffix("_modepath").endswith("_re"):
+        if v.partition("@")[0].removesuffix("_torchhooks").removesuffix("_modepath").endswith("_re"):
             options["use_reentrant"] = True
         handles[v] = torch_offload.apply(model, mode, **options)
     models[v] = model
@@ -118,10 +131,10 @@ for v in variants:
     if "plain" in times and v != "plain":
         slower = [t / p for p, t in zip(times["plain"], times[v])]
         extra += f"  variant / plain: median {statistics.median(slower):.4f}x, mean {statistics.mean(slower):.4f}x"
-    print(f"{v:13s} {statistics.median(times[v]):8.1f} ms  peak {peaks[v]:6.2f} GB{extra}")
+    print(f"{v:15s} {statistics.median(times[v]):8.1f} ms  peak {peaks[v]:6.2f} GB{extra}")
 for v in variants:
     deciles = statistics.quantiles(times[v], n=10)
     collected = sum(1 for t in gc_times[v] if t > 0)
-    print(f"{v:13s} p10 {deciles[0]:.1f}  p90 {deciles[-1]:.1f}  slowest {max(times[v]):.1f} ms; "
+    print(f"{v:15s} p10 {deciles[0]:.1f}  p90 {deciles[-1]:.1f}  slowest {max(times[v]):.1f} ms; "
           f"garbage collector {statistics.mean(gc_times[v]):.2f} ms per step, in {collected} of {len(gc_times[v])} steps"
           f"{' (gc.freeze)' if os.environ.get('STEPWISE_GC_FREEZE') == '1' else ''}")

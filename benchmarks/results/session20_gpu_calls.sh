@@ -1,0 +1,69 @@
+# Session 20 (2026-11-24): the GPU calls, in order; each ran as `bash .gpu/s20callN.sh` on nvidia-h100-x1 with carry
+# [build/libtorch_offload.so, build/_save_hooks.cpython-312-x86_64-linux-gnu.so, .gpu] (call 1 also .whl: the
+# py-spy 0.4.1 wheel, downloaded here). The library was built here from 241f356 (session 19's final code) by
+# `bash scripts/demo.sh`; the Python 3.12 save hooks with
+#   cmake -S . -B /tmp/build-py312 -G Ninja -DPython3_EXECUTABLE=/root/.pyenv/versions/3.12.1/bin/python3 \
+#     -DTorch_DIR=$HOME/.cache/torch_offload/venv/lib/python3.11/site-packages/torch/share/cmake/Torch \
+#     -DTORCH_OFFLOAD_BUILD_TESTS=OFF -DTORCH_OFFLOAD_BUILD_EXAMPLES=OFF
+#   cmake --build /tmp/build-py312 --target torch_offload_save_hooks
+# then copied to build/ and both stripped of debug info (strip --strip-debug).
+# The logs were committed under session-20 names: $OUT/stepwise_16k_window.log -> stepwise_16k_attention_window_session20_h100.log,
+# stepwise_4k_modules_keep.log -> stepwise_4k_modules_keep_session20_h100.log, dma_host_effect_4k.log -> dma_host_effect_4k_session20_h100.log
+# (and _3gb), dma_host_micro.log, host_sync_profile_4k.log, stepwise_16k_sac.log, stepwise_32k_window.log and
+# dma_host_effect_l0_4k.log likewise with _session20_h100. Call 1's py-spy runs hit the 600 s limit and left nothing.
+# Call 2 ran dma_host_effect.py before its _l0 variants were added (the step's d2h / h2d copies were queued the same way).
+
+### call 1
+# Session 20, call 1 (H100): "attention" at 16k with small keep windows, step by step; where the 4k
+# modules step's host time goes (py-spy, native frames), and its decomposition (hooks kept vs copies).
+set -x
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
+python3 benchmarks/results/stepwise_models_issue10.py 16384 20 ckpt,hidden,selective,selective@0.13,selective@0.26,selective@0.35 2>&1 | grep -v Warning | tee $OUT/stepwise_16k_window.log
+python3 benchmarks/results/stepwise_models_issue10.py 4096 60 plain,modules_keep,modules 2>&1 | grep -v Warning | tee $OUT/stepwise_4k_modules_keep.log
+pip install --no-deps -q .whl/py_spy*.whl 2>&1 | tail -1
+py-spy record --native --threads -r 200 -f raw -o $OUT/modules4k.raw -- python3 benchmarks/results/stepwise_models_issue10.py 4096 60 modules 2>&1 | tail -4
+py-spy record --native --threads -r 200 -f raw -o $OUT/plain4k.raw -- python3 benchmarks/results/stepwise_models_issue10.py 4096 60 plain 2>&1 | tail -4
+gzip -k $OUT/*.raw 2>/dev/null; rm -f $OUT/*.raw
+ls -la $OUT
+
+### call 2
+# Session 20, call 2 (H100): does DMA traffic alone slow the host-bound 4k step (plain training with
+# 1.6 GB of side-stream copies each step, beside modules)? The host's CPUs and NUMA layout.
+set -x
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
+lscpu | head -30; numactl -H 2>/dev/null | head; nvidia-smi topo -m 2>/dev/null | head
+python3 benchmarks/results/dma_host_effect.py 4096 60 1.6 plain,d2h,h2d,modules 2>&1 | grep -v Warning | tee $OUT/dma_host_effect_4k.log
+python3 benchmarks/results/dma_host_effect.py 4096 40 3.2 plain,d2h 2>&1 | grep -v Warning | tee $OUT/dma_host_effect_4k_3gb.log
+
+### call 3
+# Session 20, call 3 (H100): which host work does device-to-host DMA slow (interpreter, kernel
+# launches, host memory copies; destination spread or cache-resident)?
+set -x
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+python3 benchmarks/results/dma_host_micro.py 1.5 15 2>&1 | tee $OUT/dma_host_micro.log
+
+### call 4
+# Session 20, call 4 (H100): where the host waits in a 4k step: plain, modules, plain + 1.5 GB d2h.
+set -x
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+python3 -c "import transformers; print('transformers', transformers.__version__)"
+python3 benchmarks/results/host_sync_profile.py 4096 5 plain,modules,d2h 2>&1 | grep -v "Warning: \|warnings.warn" | tee $OUT/host_sync_profile_4k.log
+
+### call 5
+# Session 20, call 5 (H100): issue 10's two open targets beside what bounds them, step by step:
+# 16k: torch's SAC keeping the attention outputs on the GPU (the "attention" policy with no copy),
+# our "attention", hidden_states and hidden_states without copies; 32k: hidden_states, without
+# copies, and with a 0.5 GB window (the last four blocks' inputs stay on the GPU).
+set -x
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+python3 benchmarks/results/stepwise_models_issue10.py 16384 16 ckpt,torch_sac,selective,hidden,hidden_nocopy 2>&1 | grep -v Warning | tee $OUT/stepwise_16k_sac.log
+python3 benchmarks/results/stepwise_models_issue10.py 32768 10 ckpt,hidden,hidden_nocopy,hidden@0.5 2>&1 | grep -v Warning | tee $OUT/stepwise_32k_window.log
+
+### call 6
+# Session 20, call 6 (H100): DMA traffic during a 4k forward that has passed its synchronizing call:
+# does device-to-host traffic slow the host-bound forward, and does a cache-resident destination?
+set -x
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+python3 benchmarks/results/dma_host_effect.py 4096 60 1.6 plain,d2h_l0,d2h_small_l0,h2d_l0,modules 2>&1 | grep -v Warning | tee $OUT/dma_host_effect_l0_4k.log
