@@ -10,7 +10,7 @@
 # The logs were committed under session-20 names: $OUT/stepwise_16k_window.log -> stepwise_16k_attention_window_session20_h100.log,
 # stepwise_4k_modules_keep.log -> stepwise_4k_modules_keep_session20_h100.log, dma_host_effect_4k.log -> dma_host_effect_4k_session20_h100.log
 # (and _3gb), dma_host_micro.log, host_sync_profile_4k.log, stepwise_16k_sac.log, stepwise_32k_window.log and
-# dma_host_effect_l0_4k.log likewise with _session20_h100, stepwise_16k_sac_24.log -> stepwise_16k_sac_24_session20_h100.log, modules_timeline_4k.log -> modules_timeline_4k_session20_h100.log. Call 1's py-spy runs hit the 600 s limit and left nothing.
+# dma_host_effect_l0_4k.log likewise with _session20_h100, stepwise_16k_sac_24.log -> stepwise_16k_sac_24_session20_h100.log, modules_timeline_4k.log -> modules_timeline_4k_session20_h100.log, pack_cost_cuda.log -> pack_cost_cuda_session20_h100.log. Call 1's py-spy runs hit the 600 s limit and left nothing.
 # Call 2 ran dma_host_effect.py before its _l0 variants were added (the step's d2h / h2d copies were queued the same way).
 
 ### call 1
@@ -81,3 +81,9 @@ python3 benchmarks/results/stepwise_models_issue10.py 16384 24 ckpt,torch_sac,se
 set -x
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
 python3 benchmarks/results/modules_timeline_4k.py 4096 5 2>&1 | grep -v Warning | tee $OUT/modules_timeline_4k.log
+
+### call 9
+# Session 20, call 9 (H100): one save's host time through the engine, without a model (pack_cost_cuda.py).
+set -x
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
+python3 benchmarks/results/pack_cost_cuda.py 120 10 2>&1 | tee $OUT/pack_cost_cuda.log
