@@ -1,7 +1,8 @@
 """A 4k modules `*.self_attn` training loop for a sampling profiler (py-spy --native): STEPS steps
 after two warm-up steps, on the reference model.
 
-python3 benchmarks/results/modules_loop_4k.py [STEPS] [MODE]   (MODE: modules (default) or none)"""
+python3 benchmarks/results/modules_loop_4k.py [STEPS] [MODE]   (MODE: modules (default), none, or
+modules_keep (session 20): modules with min_bytes=2**62, every save kept on the GPU)"""
 import sys
 import time
 
@@ -15,8 +16,9 @@ steps = int(sys.argv[1]) if len(sys.argv) > 1 else 60
 mode = sys.argv[2] if len(sys.argv) > 2 else "modules"
 model = build_llama(REFERENCE, "cuda", 4096)
 ids = torch.randint(0, REFERENCE["vocab"], (1, 4096), device="cuda")
-if mode == "modules":
-    torch_offload.apply(model, "modules", targets=["*.self_attn"])
+if mode in ("modules", "modules_keep"):
+    options = {"min_bytes": 1 << 62} if mode == "modules_keep" else {}
+    torch_offload.apply(model, "modules", targets=["*.self_attn"], **options)
 
 
 def step():

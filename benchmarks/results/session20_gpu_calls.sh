@@ -10,7 +10,8 @@
 # The logs were committed under session-20 names: $OUT/stepwise_16k_window.log -> stepwise_16k_attention_window_session20_h100.log,
 # stepwise_4k_modules_keep.log -> stepwise_4k_modules_keep_session20_h100.log, dma_host_effect_4k.log -> dma_host_effect_4k_session20_h100.log
 # (and _3gb), dma_host_micro.log, host_sync_profile_4k.log, stepwise_16k_sac.log, stepwise_32k_window.log and
-# dma_host_effect_l0_4k.log likewise with _session20_h100, stepwise_16k_sac_24.log -> stepwise_16k_sac_24_session20_h100.log, modules_timeline_4k.log -> modules_timeline_4k_session20_h100.log, pack_cost_cuda.log -> pack_cost_cuda_session20_h100.log. Call 1's py-spy runs hit the 600 s limit and left nothing.
+# dma_host_effect_l0_4k.log likewise with _session20_h100, stepwise_16k_sac_24.log -> stepwise_16k_sac_24_session20_h100.log, modules_timeline_4k.log -> modules_timeline_4k_session20_h100.log, pack_cost_cuda.log -> pack_cost_cuda_session20_h100.log; call 10's profiles -> modules_4k_{modules_keep,modules}_pyspy_session20_h100.txt.gz
+# (its two loop logs' last lines -> modules_loop_4k_pyspy_session20_h100.log), call 11's log -> modules_loop_4k_back_to_back_session20_h100.log. Call 1's py-spy runs hit the 600 s limit and left nothing.
 # Call 2 ran dma_host_effect.py before its _l0 variants were added (the step's d2h / h2d copies were queued the same way).
 
 ### call 1
@@ -87,3 +88,26 @@ python3 benchmarks/results/modules_timeline_4k.py 4096 5 2>&1 | grep -v Warning 
 set -x
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD
 python3 benchmarks/results/pack_cost_cuda.py 120 10 2>&1 | tee $OUT/pack_cost_cuda.log
+
+### call 10
+# Session 20, call 10 (H100): py-spy (native) over the 4k loop, modules with every save kept against
+# modules, to see where the copying saves' extra forward time goes (pyspy_diff.py here).
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+pip install -q --no-deps .whl/py_spy*.whl 2>&1 | tail -1
+for mode in modules_keep modules; do
+  python3 benchmarks/results/modules_loop_4k.py 350 $mode > $OUT/modules_loop_4k_${mode}_s20.log 2>&1 &
+  pid=$!
+  sleep 22
+  timeout 60 py-spy record --native --format raw --rate 200 -d 12 --pid $pid -o $OUT/modules_4k_${mode}_pyspy_s20.txt > /dev/null 2>&1
+  wait $pid; tail -1 $OUT/modules_loop_4k_${mode}_s20.log
+  gzip $OUT/modules_4k_${mode}_pyspy_s20.txt
+done
+ls -la $OUT
+
+### call 11
+# Session 20, call 11 (H100): the 4k loop back to back (no synchronization between steps), unsampled:
+# plain, modules_keep, modules, twice.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+for mode in none modules_keep modules none modules_keep modules; do
+  python3 benchmarks/results/modules_loop_4k.py 150 $mode 2>&1 | grep "per step"
+done | tee $OUT/modules_loop_4k_back_to_back.log
