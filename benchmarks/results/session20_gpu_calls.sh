@@ -11,7 +11,7 @@
 # stepwise_4k_modules_keep.log -> stepwise_4k_modules_keep_session20_h100.log, dma_host_effect_4k.log -> dma_host_effect_4k_session20_h100.log
 # (and _3gb), dma_host_micro.log, host_sync_profile_4k.log, stepwise_16k_sac.log, stepwise_32k_window.log and
 # dma_host_effect_l0_4k.log likewise with _session20_h100, stepwise_16k_sac_24.log -> stepwise_16k_sac_24_session20_h100.log, modules_timeline_4k.log -> modules_timeline_4k_session20_h100.log, pack_cost_cuda.log -> pack_cost_cuda_session20_h100.log; call 10's profiles -> modules_4k_{modules_keep,modules}_pyspy_session20_h100.txt.gz
-# (its two loop logs' last lines -> modules_loop_4k_pyspy_session20_h100.log), call 11's log -> modules_loop_4k_back_to_back_session20_h100.log. Call 1's py-spy runs hit the 600 s limit and left nothing.
+# (its two loop logs' last lines -> modules_loop_4k_pyspy_session20_h100.log), call 11's log -> modules_loop_4k_back_to_back_session20_h100.log, call 12's -> modules_process_spread_4k_session20_h100.log. Call 1's py-spy runs hit the 600 s limit and left nothing.
 # Call 2 ran dma_host_effect.py before its _l0 variants were added (the step's d2h / h2d copies were queued the same way).
 
 ### call 1
@@ -111,3 +111,10 @@ export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTH
 for mode in none modules_keep modules none modules_keep modules; do
   python3 benchmarks/results/modules_loop_4k.py 150 $mode 2>&1 | grep "per step"
 done | tee $OUT/modules_loop_4k_back_to_back.log
+
+### call 12
+# Session 20, call 12 (H100): the 4k modules ratio in 5 processes, each with its link's measured speed.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+for i in 1 2 3 4 5; do
+  python3 benchmarks/results/modules_process_spread_4k.py 30 2>&1 | grep "^pid"
+done | tee $OUT/modules_process_spread_4k.log
