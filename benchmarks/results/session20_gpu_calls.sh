@@ -118,3 +118,6 @@ export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTH
 for i in 1 2 3 4 5; do
   python3 benchmarks/results/modules_process_spread_4k.py 30 2>&1 | grep "^pid"
 done | tee $OUT/modules_process_spread_4k.log
+
+### call 13 (run directly, building everything on the GPU machine)
+SKIP_BENCH=1 bash benchmarks/gpu_check.sh $OUT > $OUT/gpu_check_session20.log 2>&1
