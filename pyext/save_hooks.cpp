@@ -14,129 +14,38 @@
 // as Python does, and never the engine (csrc/) directly.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <Python.h>
-#include <structmember.h>
-#include <torch/csrc/Device.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <exception>
 #include <new>
 #include <tuple>
 #include <utility>
 
 #include "pyext/checkpoint_frame.h"
+#include "pyext/deferred_saves.h"
+#include "pyext/offload_ops.h"
+#include "pyext/saved_view.h"
 
 namespace {
 
-// offload_pack_filtered's decisions (csrc/save_filter.h; save_filter.py).
-constexpr int64_t kKeep = 1;
-constexpr int64_t kLeafWithoutGrad = 3;
+using torch_offload_pyext::batch_op;
+using torch_offload_pyext::DeferredSaves;
+using torch_offload_pyext::kKeep;
+using torch_offload_pyext::kLeafWithoutGrad;
+using torch_offload_pyext::pack_op;
+using torch_offload_pyext::SavedView;
+using torch_offload_pyext::unpack_op;
 
-using PackOp = std::tuple<at::Tensor, int64_t>(const at::Tensor&, int64_t, int64_t, bool);
-using UnpackOp = at::Tensor(const at::Tensor&, c10::Device, int64_t);
-using BatchOp = void(int64_t, bool);
-
-const c10::TypedOperatorHandle<PackOp>& pack_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("offload::offload_pack_filtered", "")
-                             .typed<PackOp>();
-  return op;
-}
-
-const c10::TypedOperatorHandle<UnpackOp>& unpack_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("offload::offload_unpack", "")
-                             .typed<UnpackOp>();
-  return op;
-}
-
-const c10::TypedOperatorHandle<BatchOp>& batch_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("offload::offload_batch", "").typed<BatchOp>();
-  return op;
-}
-
-// What autograd keeps for one offloaded save: the save handle (a host tensor), the device to
-// restore to, and a DTensor's spec when the save is its local shard (set from Python). The handle
-// and the device are held as C++ values: the pack hook makes no Python object for them (the
-// handle's Python tensor would be one more object for the garbage collector per save; a modules
-// step crossed its threshold with them), and Python reads them through getters. Not tracked by
-// the garbage collector (hundreds are made per step): none of the three can lead back to it (the
-// handle has no autograd history).
-struct SavedView {
-  PyObject ob_base;  // PyObject_HEAD
-  at::Tensor save;   // constructed in place by make_saved_view, destroyed in saved_view_dealloc
-  c10::Device device;
-  PyObject* dtensor_spec;
-};
-
-// A SavedView of `type` holding `save` and `device` (nullptr with the error set where the
-// allocation failed). Both constructors, Python's and the pack hook's, use it.
-PyObject* make_saved_view(PyTypeObject* type, at::Tensor save, c10::Device device) {
-  auto* view = reinterpret_cast<SavedView*>(type->tp_alloc(type, 0));
-  if (view == nullptr) {
-    return nullptr;
-  }
-  new (&view->save) at::Tensor(std::move(save));
-  new (&view->device) c10::Device(device);
-  view->dtensor_spec = Py_NewRef(Py_None);
-  return reinterpret_cast<PyObject*>(view);
-}
-
-PyObject* saved_view_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  static const char* names[] = {"save", "device", nullptr};
-  PyObject* save = nullptr;
-  PyObject* device = nullptr;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:SavedView", const_cast<char**>(names), &save,
-                                   &device)) {
-    return nullptr;
-  }
-  if (!THPVariable_Check(save) || !THPDevice_Check(device)) {
-    PyErr_SetString(PyExc_TypeError,
-                    "SavedView(save, device): save must be a tensor and device a torch.device");
-    return nullptr;
-  }
-  return make_saved_view(type, THPVariable_Unpack(save),
-                         reinterpret_cast<THPDevice*>(device)->device);
-}
-
-void saved_view_dealloc(PyObject* self) {
-  auto* view = reinterpret_cast<SavedView*>(self);
-  view->save.~Tensor();
-  Py_XDECREF(view->dtensor_spec);
-  PyTypeObject* type = Py_TYPE(self);
-  type->tp_free(self);
-  Py_DECREF(type);  // a heap type: each instance holds a reference
-}
-
-PyObject* saved_view_save(PyObject* self, void*) {
-  return THPVariable_Wrap(reinterpret_cast<SavedView*>(self)->save);
-}
-
-PyObject* saved_view_device(PyObject* self, void*) {
-  return THPDevice_New(reinterpret_cast<SavedView*>(self)->device);
-}
-
-PyGetSetDef saved_view_getset[] = {
-    {"save", saved_view_save, nullptr, "the save handle (a host tensor)", nullptr},
-    {"device", saved_view_device, nullptr, "the device the save is restored to", nullptr},
-    {nullptr, nullptr, nullptr, nullptr, nullptr}};
-
-PyMemberDef saved_view_members[] = {
-    {"dtensor_spec", T_OBJECT, offsetof(SavedView, dtensor_spec), 0, "a DTensor's spec, or None"},
-    {nullptr, 0, 0, 0, nullptr}};
-
-PyTypeObject* saved_view_type = nullptr;  // made in PyInit__save_hooks
-
-PyObject* new_saved_view(const at::Tensor& save, c10::Device device) {
-  return make_saved_view(saved_view_type, save, device);
-}
-
-// One set of hooks: the manager and filter ids, the weight-token registry (a dict that is empty
-// unless layer offloading has weights installed), and the Python functions for the rest.
+// One set of hooks: the manager and filter ids, the filter's min_bytes, the saves held in this
+// set's batches, the weight-token registry (a dict that is empty unless layer offloading has
+// weights installed), and the Python functions for the rest.
 struct SaveHooks {
   PyObject ob_base;  // PyObject_HEAD
   int64_t manager;
   int64_t filter;
+  int64_t min_bytes;
+  DeferredSaves* deferred;
   PyObject* installed_weights;  // weight_tokens._installed
   PyObject* python_pack;        // any tensor: the Python path (subclasses, weight tokens, ...)
   PyObject* python_leaf;        // a leaf without grad that may be a frozen parameter
@@ -145,14 +54,16 @@ struct SaveHooks {
 };
 
 PyObject* save_hooks_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  static const char* names[] = {"manager",     "filter",        "installed_weights", "python_pack",
-                                "python_leaf", "python_unpack", "on_error",          nullptr};
+  static const char* names[] = {"manager",           "filter",      "min_bytes",
+                                "installed_weights", "python_pack", "python_leaf",
+                                "python_unpack",     "on_error",    nullptr};
   long long manager = 0;
   long long filter = 0;
+  long long min_bytes = 0;
   PyObject* objects[5] = {};
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLO!OOOO:SaveHooks", const_cast<char**>(names),
-                                   &manager, &filter, &PyDict_Type, &objects[0], &objects[1],
-                                   &objects[2], &objects[3], &objects[4])) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLLO!OOOO:SaveHooks", const_cast<char**>(names),
+                                   &manager, &filter, &min_bytes, &PyDict_Type, &objects[0],
+                                   &objects[1], &objects[2], &objects[3], &objects[4])) {
     return nullptr;
   }
   try {
@@ -169,6 +80,12 @@ PyObject* save_hooks_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   }
   self->manager = manager;
   self->filter = filter;
+  self->min_bytes = min_bytes;
+  self->deferred = new (std::nothrow) DeferredSaves();
+  if (self->deferred == nullptr) {
+    Py_DECREF(self);
+    return PyErr_NoMemory();
+  }
   PyObject** slots[5] = {&self->installed_weights, &self->python_pack, &self->python_leaf,
                          &self->python_unpack, &self->on_error};
   for (int i = 0; i < 5; ++i) {
@@ -204,6 +121,7 @@ int save_hooks_clear(PyObject* self) {
 void save_hooks_dealloc(PyObject* self) {
   PyObject_GC_UnTrack(self);
   save_hooks_clear(self);
+  delete reinterpret_cast<SaveHooks*>(self)->deferred;  // (held saves stay with autograd)
   PyTypeObject* type = Py_TYPE(self);
   type->tp_free(self);
   Py_DECREF(type);
@@ -269,6 +187,19 @@ int may_be_weight(PyObject* t, const at::Tensor& tensor) {
   return answer;
 }
 
+// Inside this thread's batch a large op output (or a leaf without grad that is no weight) is held,
+// and offloaded when the batch ends (deferred_saves.h).
+PyObject* hold(SaveHooks* hooks, const at::Tensor& tensor, bool not_a_weight) {
+  SavedView* view = torch_offload_pyext::new_saved_view(at::Tensor(), tensor.device());
+  if (view == nullptr) return nullptr;
+  view->held = tensor;
+  view->held_version = tensor._version();
+  view->pending = true;
+  view->not_a_weight = not_a_weight;
+  hooks->deferred->add(view);
+  return reinterpret_cast<PyObject*>(view);
+}
+
 PyObject* save_hooks_pack(PyObject* self, PyObject* t) {
   auto* hooks = reinterpret_cast<SaveHooks*>(self);
   if (Py_TYPE(t) != reinterpret_cast<PyTypeObject*>(THPVariableClass) ||
@@ -276,6 +207,21 @@ PyObject* save_hooks_pack(PyObject* self, PyObject* t) {
     return PyObject_CallOneArg(hooks->python_pack, t);
   }
   const at::Tensor& tensor = THPVariable_Unpack(t);
+  if (hooks->deferred->holding()) {
+    using torch_offload_pyext::Holdable;
+    switch (torch_offload_pyext::holdable(tensor, hooks->min_bytes)) {
+      case Holdable::kOpOutput:
+        return hold(hooks, tensor, false);
+      case Holdable::kLeafWithoutGrad: {
+        const int weight = may_be_weight(t, tensor);
+        if (weight < 0) return nullptr;
+        if (weight == 0) return hold(hooks, tensor, true);
+        break;  // perhaps a frozen parameter: decided below, as outside a batch
+      }
+      case Holdable::kNo:
+        break;
+    }
+  }
   std::tuple<at::Tensor, int64_t> result;
   if (!call_pack(hooks, tensor, false, result)) return nullptr;
   if (std::get<1>(result) == kLeafWithoutGrad) {
@@ -286,7 +232,7 @@ PyObject* save_hooks_pack(PyObject* self, PyObject* t) {
   }
   const auto& [save, decision] = result;
   if (save.defined()) {
-    return new_saved_view(save, tensor.device());
+    return reinterpret_cast<PyObject*>(torch_offload_pyext::new_saved_view(save, tensor.device()));
   }
   if (decision == kKeep) {
     return Py_NewRef(t);
@@ -299,13 +245,17 @@ PyObject* save_hooks_unpack(PyObject* self, PyObject* packed) {
   if (Py_TYPE(packed) == reinterpret_cast<PyTypeObject*>(THPVariableClass)) {
     return Py_NewRef(packed);  // kept on the device: saved as itself
   }
-  if (Py_TYPE(packed) != saved_view_type ||
+  if (!torch_offload_pyext::is_saved_view(packed) ||
       reinterpret_cast<SavedView*>(packed)->dtensor_spec != Py_None) {
     return PyObject_CallOneArg(hooks->python_unpack, packed);
   }
   auto* view = reinterpret_cast<SavedView*>(packed);
   at::Tensor restored;
   try {
+    if (!view->save.defined() && view->held.defined()) {
+      // Held: its batch is still open, or the engine kept it on the device.
+      return THPVariable_Wrap(torch_offload_pyext::held_tensor(*view));
+    }
     pybind11::gil_scoped_release no_gil;  // the op may wait for its copy
     restored = unpack_op().call(view->save, view->device, hooks->manager);
   } catch (...) {
@@ -315,12 +265,23 @@ PyObject* save_hooks_unpack(PyObject* self, PyObject* packed) {
 }
 
 // offload_batch: begin, or end and issue, a batch of this thread's copies (offload_activations'
-// batch_copies: modules mode, per selected module call).
+// batch_copies: modules mode, per selected module call). The saves held in the batch go to the
+// engine before its end issues the copies.
 PyObject* save_hooks_batch(PyObject* self, bool begin) {
   auto* hooks = reinterpret_cast<SaveHooks*>(self);
+  std::exception_ptr held_error;
+  if (begin) {
+    hooks->deferred->begin();
+  } else if (hooks->deferred->end()) {
+    held_error =
+        torch_offload_pyext::offload_held(hooks->deferred->take(), hooks->manager, hooks->filter);
+  }
   try {
-    pybind11::gil_scoped_release no_gil;  // issuing waits on the in-flight bound
-    batch_op().call(hooks->manager, begin);
+    {
+      pybind11::gil_scoped_release no_gil;  // issuing waits on the in-flight bound
+      batch_op().call(hooks->manager, begin);
+    }
+    if (held_error) std::rethrow_exception(held_error);
   } catch (...) {
     return raise_named(hooks);
   }
@@ -338,22 +299,6 @@ PyMethodDef save_hooks_methods[] = {
      "this thread's saves queue their copies (offload_batch)"},
     {"end_batch", save_hooks_end_batch, METH_NOARGS, "issues the queued copies (offload_batch)"},
     {nullptr, nullptr, 0, nullptr}};
-
-const char saved_view_doc[] =
-    "What autograd keeps for one offloaded save: its save handle (a host tensor with the save's "
-    "dtype, sizes and "
-    "strides on the storage of the copy holding its elements), its device, and a DTensor's spec "
-    "when it is a local "
-    "shard.";
-
-PyType_Slot saved_view_slots[] = {{Py_tp_new, reinterpret_cast<void*>(saved_view_new)},
-                                  {Py_tp_dealloc, reinterpret_cast<void*>(saved_view_dealloc)},
-                                  {Py_tp_members, saved_view_members},
-                                  {Py_tp_getset, saved_view_getset},
-                                  {Py_tp_doc, const_cast<char*>(saved_view_doc)},
-                                  {0, nullptr}};
-PyType_Spec saved_view_spec = {"torch_offload._save_hooks.SavedView", sizeof(SavedView), 0,
-                               Py_TPFLAGS_DEFAULT, saved_view_slots};
 
 PyType_Slot save_hooks_slots[] = {
     {Py_tp_new, reinterpret_cast<void*>(save_hooks_new)},
@@ -391,8 +336,8 @@ PyMODINIT_FUNC PyInit__save_hooks() {
   if (module == nullptr) {
     return nullptr;
   }
-  saved_view_type = add_type(module, &saved_view_spec, "SavedView");
-  if (saved_view_type == nullptr || add_type(module, &save_hooks_spec, "SaveHooks") == nullptr ||
+  if (!torch_offload_pyext::add_saved_view(module) ||
+      add_type(module, &save_hooks_spec, "SaveHooks") == nullptr ||
       !torch_offload_pyext::add_checkpoint_frame(module)) {
     Py_DECREF(module);
     return nullptr;

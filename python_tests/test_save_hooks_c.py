@@ -124,11 +124,11 @@ def test_a_cycle_through_the_c_hooks_is_collected(save_hooks):
     def python_side(t, box=box, sentinel=sentinel):  # holds the box that will hold the hooks
         return t
 
-    hooks = module.SaveHooks(manager.id(), filter_id, {}, python_side, python_side, python_side, python_side)
+    hooks = module.SaveHooks(manager.id(), filter_id, 0, {}, python_side, python_side, python_side, python_side)
     box.append(hooks)
     del hooks, python_side, sentinel, box
     gc.collect()
     assert alive() is None
     with pytest.raises(TypeError):
-        module.SaveHooks(manager.id(), filter_id, [], print, print, print, print)  # not a dict
+        module.SaveHooks(manager.id(), filter_id, 0, [], print, print, print, print)  # not a dict
     manager.remove_save_filter(filter_id)

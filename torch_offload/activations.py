@@ -311,8 +311,8 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
             self._begin_batch = lambda: offload_batch(manager_id, True)
             self._end_batch = lambda: offload_batch(manager_id, False)
         else:
-            hooks = c_hooks.SaveHooks(manager_id, filter_id, weight_tokens.registry(), python_pack, leaf, unpack,
-                                      on_error)
+            hooks = c_hooks.SaveHooks(manager_id, filter_id, min_bytes, weight_tokens.registry(), python_pack,
+                                      leaf, unpack, on_error)
             super().__init__(hooks.pack, hooks.unpack)
             self._begin_batch, self._end_batch = hooks.begin_batch, hooks.end_batch
 
