@@ -3,7 +3,7 @@ self_attn calls or outside them. Plain training, modules with every save kept (`
 min_bytes=2**62) and modules (`*.self_attn`; "_wc": its host memory allocated write-combined,
 TORCH_OFFLOAD_HOST_WRITE_COMBINED=1 while applied; "_timed": its pack hook and batch calls timed
 from Python, adding a wrapper's cost to each; "_poll", "_bm", "_bmo", "_tiny": see step(); "_nodefer": every save through the engine at once,
-as before session 21's deferred saves), each on its own model copy, step by step (order
+as before session 21's deferred saves; "modules_mifN": max_in_flight=N), each on its own model copy, step by step (order
 rotating). Every copy gets the same timing hooks (a perf_counter_ns read at each decoder layer's and
 each self_attn's entry and exit: the entry hook runs first, the exit hook last, so the self_attn
 span includes modules mode's own module hooks and its batch of copies). Per step: the forward's host
@@ -50,6 +50,8 @@ for v in variants:
     model = copy.deepcopy(base)
     if v != "plain":
         options = {"min_bytes": 1 << 62} if v.startswith("modules_keep") else {}
+        if v.startswith("modules_mif"):  # max_in_flight=N (copies in flight before a batch waits)
+            options["max_in_flight"] = int(v[len("modules_mif"):].partition("_")[0])
         # "_wc": the engine's host memory write-combined (session 21's experiment, read at creation)
         os.environ["TORCH_OFFLOAD_HOST_WRITE_COMBINED"] = "1" if "_wc" in v else "0"
         handle = torch_offload.apply(model, "modules", targets=["*.self_attn"], **options)

@@ -9,8 +9,11 @@
 # Calls 1: 14c5a76's code (session 19's library). Calls 2-5: that code with the experiment switches of
 # session21_experiment_switches.patch (write-combined host memory, a polling releaser, cudaMemcpyBatchAsync,
 # 4 KB copies), not kept. Call 6: the deferred saves (pyext/deferred_saves.h), before held leaves and the
-# batched memcpy. Call 7: the final code. Each call landed on a fresh machine (the lease's `warm` was false).
-# Logs kept under their $OUT names; call 7's modules_h100.{md,json} -> modules_session21_h100.{md,json}.
+# batched memcpy. Calls 7, 9, 11: the final code; call 8: it with session21_save_path_phases.patch; call 10 ran
+# directly, building everything on the GPU machine. Each call landed on a fresh machine (the lease's `warm` was false).
+# Logs kept under their $OUT names; call 7's modules_h100.{md,json} -> modules_session21_h100.{md,json}, call 11's ->
+# modules_4k_final2_session21_h100.{md,json}; call 10's summary.txt / ctest.log / pytest.log -> gpu_check_session21_summary.txt,
+# gtest_h100_session21.log, gpu_pytest_cuda_h100_session21.log.
 
 ### call 1
 # Session 21, call 1 (H100): the 4k modules step's host time split inside / outside the self_attn calls.
@@ -53,3 +56,25 @@ python3 -m pytest -q -m cuda python_tests/test_deferred_saves.py python_tests/te
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 python3 benchmarks/results/modules_host_split_4k.py 4096 60 plain,modules,modules_nodefer,modules_keep 2>&1 | grep -v Warn | tee $OUT/modules_host_split_final_4k_session21_h100.log
 timeout 420 python3 benchmarks/bench_modules.py --out $OUT --seqs 4096,16384 --steps 5 --rounds 7 2>&1 | tail -30 | tee $OUT/bench_modules_session21_h100.log
+
+### call 8
+# Session 21, call 8 (H100): the save path's phases timed inside the 4k modules step (phase_timer.h,
+# experiment build, not kept), printed at exit; only plain training and modules run.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+python3 benchmarks/results/modules_host_split_4k.py 4096 40 plain,modules 2>&1 | grep -v Warn | tee $OUT/save_path_phases_4k_session21_h100.log
+
+### call 9
+# Session 21, call 9 (H100): the in-flight bound for modules' batches (call 8: a call's end waited 0.7 ms
+# per step on max_in_flight=4, its batches being 5 copies), 4k step by step; the 16k peak with each.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+python3 benchmarks/results/modules_host_split_4k.py 4096 60 plain,modules,modules_mif8,modules_mif16 2>&1 | grep -v Warn | tee $OUT/modules_host_split_mif_4k_session21_h100.log
+python3 benchmarks/results/stepwise_models_issue10.py 16384 6 plain,modules,modules_mif8,modules_mif16 2>&1 | grep -v Warn | tee $OUT/stepwise_modules_mif_16k_session21_h100.log
+
+### call 10 (run directly, building everything on the GPU machine)
+SKIP_BENCH=1 bash benchmarks/gpu_check.sh $OUT > $OUT/gpu_check_session21.log 2>&1
+
+### call 11
+# Session 21, call 11 (H100): the final code on another machine: 4k step by step, and bench_modules' rounds at 4k.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+python3 benchmarks/results/modules_host_split_4k.py 4096 60 plain,modules,modules_keep 2>&1 | grep -v Warn | tee $OUT/modules_host_split_final2_4k_session21_h100.log
+timeout 300 python3 benchmarks/bench_modules.py --out $OUT --seqs 4096 --steps 5 --rounds 7 2>&1 | tail -8 | tee $OUT/bench_modules_4k_final2_session21_h100.log
