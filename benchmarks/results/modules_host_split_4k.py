@@ -3,7 +3,8 @@ self_attn calls or outside them. Plain training, modules with every save kept (`
 min_bytes=2**62) and modules (`*.self_attn`; "_wc": its host memory allocated write-combined,
 TORCH_OFFLOAD_HOST_WRITE_COMBINED=1 while applied; "_timed": its pack hook and batch calls timed
 from Python, adding a wrapper's cost to each; "_poll", "_bm", "_bmo", "_tiny": see step(); "_nodefer": every save through the engine at once,
-as before session 21's deferred saves; "modules_mifN": max_in_flight=N), each on its own model copy, step by step (order
+as before session 21's deferred saves; "modules_mifN": max_in_flight=N; "_bg": hooks.background = True, with
+session21_background_worker.patch applied), each on its own model copy, step by step (order
 rotating). Every copy gets the same timing hooks (a perf_counter_ns read at each decoder layer's and
 each self_attn's entry and exit: the entry hook runs first, the exit hook last, so the self_attn
 span includes modules mode's own module hooks and its batch of copies). Per step: the forward's host
@@ -59,6 +60,8 @@ for v in variants:
             hooks, manager_id = handle.modules.hooks, handle.modules.manager.id()
             hooks._begin_batch = lambda manager_id=manager_id: offload_batch(manager_id, True)
             hooks._end_batch = lambda manager_id=manager_id: offload_batch(manager_id, False)
+        if "_bg" in v:  # the held saves go to the engine on a worker thread (pyext/held_worker.h)
+            handle.modules.hooks.background = True
         if v.endswith("_timed"):
             time_hooks(handle.modules.hooks)
     for name, module in model.named_modules():

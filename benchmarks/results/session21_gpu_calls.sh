@@ -10,7 +10,7 @@
 # session21_experiment_switches.patch (write-combined host memory, a polling releaser, cudaMemcpyBatchAsync,
 # 4 KB copies), not kept. Call 6: the deferred saves (pyext/deferred_saves.h), before held leaves and the
 # batched memcpy. Calls 7, 9, 11: the final code; call 8: it with session21_save_path_phases.patch; call 10 ran
-# directly, building everything on the GPU machine. Each call landed on a fresh machine (the lease's `warm` was false).
+# directly, building everything on the GPU machine; call 12: the final code with session21_background_worker.patch. Each call landed on a fresh machine (the lease's `warm` was false).
 # Logs kept under their $OUT names; call 7's modules_h100.{md,json} -> modules_session21_h100.{md,json}, call 11's ->
 # modules_4k_final2_session21_h100.{md,json}; call 10's summary.txt / ctest.log / pytest.log -> gpu_check_session21_summary.txt,
 # gtest_h100_session21.log, gpu_pytest_cuda_h100_session21.log.
@@ -78,3 +78,10 @@ SKIP_BENCH=1 bash benchmarks/gpu_check.sh $OUT > $OUT/gpu_check_session21.log 2>
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 python3 benchmarks/results/modules_host_split_4k.py 4096 60 plain,modules,modules_keep 2>&1 | grep -v Warn | tee $OUT/modules_host_split_final2_4k_session21_h100.log
 timeout 300 python3 benchmarks/bench_modules.py --out $OUT --seqs 4096 --steps 5 --rounds 7 2>&1 | tail -8 | tee $OUT/bench_modules_4k_final2_session21_h100.log
+
+### call 12
+# Session 21, call 12 (H100): the held saves handed to a worker thread (background) against the same
+# on the forward's thread, 4k step by step (timed too); the CUDA cases of the touched test files.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+python3 benchmarks/results/modules_host_split_4k.py 4096 60 plain,modules,modules_bg,modules_timed,modules_bg_timed 2>&1 | grep -v Warn | tee $OUT/modules_host_split_background_4k_session21_h100.log
+python3 -m pytest -q -m cuda python_tests/test_deferred_saves.py python_tests/test_modules.py python_tests/test_save_hooks_c.py 2>&1 | tail -3 | tee $OUT/gpu_pytest_cuda_h100_session21_call12.log
