@@ -71,9 +71,11 @@ std::exception_ptr offload_held(std::vector<SavedView*> views, int64_t manager, 
   for (size_t i = 0; i < views.size(); ++i) {
     SavedView& view = *views[i];
     view.pending = false;
+    // Changed in place since its save (even while the engine read it): backward raises, and
+    // never gets the copy.
     view.modified = view.held._version() != view.held_version;
     auto& save = std::get<0>(answers[i]);
-    if (asked[i] && save.defined()) {
+    if (asked[i] && save.defined() && !view.modified) {
       view.save = std::move(save);
       view.held = at::Tensor();
     }

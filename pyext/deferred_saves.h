@@ -1,17 +1,19 @@
 // Deferred saves: inside a batch (offload_activations' batch_copies: mode "modules", one batch per
-// selected module call), the pack hook only holds each large op output it is given, and the batch's
-// end offloads them all, one after the other (offload_held).
+// selected module call), the pack hook only holds each large op output it is given (and each leaf
+// without grad that is no weight, as rotary cos / sin), and the batch's end offloads them all, one
+// after the other (offload_held).
 //
 // Why: in a host-bound step (a 4k modules step's forward, measured in session 21) each save's trip
-// through the engine cost ~11 us of the step's host thread, against ~2-4 us for the same calls made
+// through the engine cost ~11 us of the step's host thread, against ~3-6 us for the same calls made
 // back to back: the engine's code and data go cold between saves, while the model's own ops run.
 // Held, a save costs the hook a few checks and a SavedView; the engine then sees the call's saves
-// in one run, before the batch's copies are issued.
+// in one run, before the batch's copies are issued. (Handing them to a worker thread instead was
+// slower: benchmarks/results/session21_background_worker.patch.)
 //
 // What a held save keeps: the tensor (as autograd would), its version when saved, and whether the
-// caller checked it is no weight (a leaf without grad). Backward
-// reads it as it was; changed in place before the batch's end, it is not copied, and unpacking it
-// raises as a stale offloaded copy does. Saves the engine keeps on the device stay held.
+// caller checked it is no weight. Backward reads it as it was; changed in place before the batch's
+// end, it is not copied, and unpacking it raises as a stale offloaded copy does. Saves the engine
+// keeps on the device stay held.
 #pragma once
 
 #include <ATen/core/Tensor.h>
