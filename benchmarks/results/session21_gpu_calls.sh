@@ -10,7 +10,8 @@
 # session21_experiment_switches.patch (write-combined host memory, a polling releaser, cudaMemcpyBatchAsync,
 # 4 KB copies), not kept. Call 6: the deferred saves (pyext/deferred_saves.h), before held leaves and the
 # batched memcpy. Calls 7, 9, 11: the final code; call 8: it with session21_save_path_phases.patch; call 10 ran
-# directly, building everything on the GPU machine; call 12: the final code with session21_background_worker.patch. Each call landed on a fresh machine (the lease's `warm` was false).
+# directly, building everything on the GPU machine; call 12: the final code with session21_background_worker.patch;
+# call 13: 210a1e3's code (the final library and hooks); its modules_h100.{md,json} -> modules_final3_session21_h100.{md,json}. Each call landed on a fresh machine (the lease's `warm` was false).
 # Logs kept under their $OUT names; call 7's modules_h100.{md,json} -> modules_session21_h100.{md,json}, call 11's ->
 # modules_4k_final2_session21_h100.{md,json}; call 10's summary.txt / ctest.log / pytest.log -> gpu_check_session21_summary.txt,
 # gtest_h100_session21.log, gpu_pytest_cuda_h100_session21.log.
@@ -85,3 +86,10 @@ timeout 300 python3 benchmarks/bench_modules.py --out $OUT --seqs 4096 --steps 5
 export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 python3 benchmarks/results/modules_host_split_4k.py 4096 60 plain,modules,modules_bg,modules_timed,modules_bg_timed 2>&1 | grep -v Warn | tee $OUT/modules_host_split_background_4k_session21_h100.log
 python3 -m pytest -q -m cuda python_tests/test_deferred_saves.py python_tests/test_modules.py python_tests/test_save_hooks_c.py 2>&1 | tail -3 | tee $OUT/gpu_pytest_cuda_h100_session21_call12.log
+
+### call 13
+# Session 21, call 13 (H100): the final code: the CUDA cases of the held saves' test files, and
+# bench_modules' rounds at 4k and 16k.
+export TORCH_OFFLOAD_LIBRARY=$PWD/build/libtorch_offload.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+python3 -m pytest -q -m cuda python_tests/test_deferred_saves.py python_tests/test_modules.py python_tests/test_save_hooks_c.py python_tests/test_activations_dedup.py 2>&1 | tail -3 | tee $OUT/gpu_pytest_cuda_h100_session21_call13.log
+timeout 400 python3 benchmarks/bench_modules.py --out $OUT --seqs 4096,16384 --steps 5 --rounds 5 2>&1 | tail -9 | tee $OUT/bench_modules_final3_session21_h100.log
