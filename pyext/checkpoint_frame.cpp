@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "pyext/checkpoint_check.h"
+#include "pyext/module_types.h"
 
 namespace {
 
@@ -328,12 +329,7 @@ bool add_checkpoint_frame(PyObject* module) {
       PyModule_AddObject(module, "StopRecompute", Py_NewRef(stop_recompute_type)) < 0) {
     return false;
   }
-  PyObject* type = PyType_FromSpec(&frame_spec);
-  if (type == nullptr || PyModule_AddObject(module, "CheckpointFrame", type) < 0) {
-    Py_XDECREF(type);
-    return false;
-  }
-  return true;
+  return add_type(module, &frame_spec, "CheckpointFrame") != nullptr;
 }
 
 }  // namespace torch_offload_pyext

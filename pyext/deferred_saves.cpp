@@ -51,8 +51,7 @@ std::vector<SavedView*> DeferredSaves::take() { return std::exchange(views_, {})
 std::exception_ptr offload_held(std::vector<SavedView*> views, int64_t manager, int64_t filter) {
   // The engine's answers, gathered without the GIL; applied to the views with it (dropping a held
   // tensor may free its Python object).
-  std::vector<std::tuple<at::Tensor, int64_t>> answers(views.size());
-  std::vector<bool> asked(views.size(), false);
+  std::vector<std::tuple<at::Tensor, int64_t>> answers(views.size());  // (undefined: not asked)
   std::exception_ptr error;
   {
     pybind11::gil_scoped_release no_gil;
@@ -62,7 +61,6 @@ std::exception_ptr offload_held(std::vector<SavedView*> views, int64_t manager, 
       if (view.held._version() != view.held_version) continue;  // stale: stays held, and raises
       try {
         answers[i] = pack_op().call(view.held, manager, filter, view.not_a_weight);
-        asked[i] = true;
       } catch (...) {
         error = std::current_exception();
       }
@@ -71,11 +69,10 @@ std::exception_ptr offload_held(std::vector<SavedView*> views, int64_t manager, 
   for (size_t i = 0; i < views.size(); ++i) {
     SavedView& view = *views[i];
     view.pending = false;
-    // Changed in place since its save (even while the engine read it): backward raises, and
-    // never gets the copy.
-    view.modified = view.held._version() != view.held_version;
+    // Changed in place since its save (even while the engine read it): it stays held, so
+    // backward raises (held_tensor: versions only grow) and never gets the copy.
     auto& save = std::get<0>(answers[i]);
-    if (asked[i] && save.defined() && !view.modified) {
+    if (save.defined() && view.held._version() == view.held_version) {
       view.save = std::move(save);
       view.held = at::Tensor();
     }
@@ -85,7 +82,7 @@ std::exception_ptr offload_held(std::vector<SavedView*> views, int64_t manager, 
 }
 
 const at::Tensor& held_tensor(const SavedView& view) {
-  TORCH_CHECK(!view.modified && view.held._version() == view.held_version,
+  TORCH_CHECK(view.held._version() == view.held_version,
               "torch_offload: a tensor saved for backward was modified in place after it was "
               "saved (its version went from ",
               view.held_version, " to ", view.held._version(),

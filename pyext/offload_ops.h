@@ -10,7 +10,6 @@
 namespace torch_offload_pyext {
 
 // offload_pack_filtered's decisions (csrc/save_filter.h; save_filter.py).
-constexpr int64_t kOffloaded = 0;
 constexpr int64_t kKeep = 1;
 constexpr int64_t kLeafWithoutGrad = 3;
 

@@ -24,6 +24,7 @@
 
 #include "pyext/checkpoint_frame.h"
 #include "pyext/deferred_saves.h"
+#include "pyext/module_types.h"
 #include "pyext/offload_ops.h"
 #include "pyext/saved_view.h"
 
@@ -314,16 +315,6 @@ PyType_Spec save_hooks_spec = {"torch_offload._save_hooks.SaveHooks", sizeof(Sav
 
 PyModuleDef module_def{};  // filled in PyInit__save_hooks (C++17 has no designated initializers)
 
-// Adds a type made from `spec` to `module` as `name`; the type, borrowed (the module holds it).
-PyTypeObject* add_type(PyObject* module, PyType_Spec* spec, const char* name) {
-  PyObject* type = PyType_FromSpec(spec);
-  if (type == nullptr || PyModule_AddObject(module, name, type) < 0) {
-    Py_XDECREF(type);
-    return nullptr;
-  }
-  return reinterpret_cast<PyTypeObject*>(type);
-}
-
 }  // namespace
 
 PyMODINIT_FUNC PyInit__save_hooks() {
@@ -337,7 +328,7 @@ PyMODINIT_FUNC PyInit__save_hooks() {
     return nullptr;
   }
   if (!torch_offload_pyext::add_saved_view(module) ||
-      add_type(module, &save_hooks_spec, "SaveHooks") == nullptr ||
+      torch_offload_pyext::add_type(module, &save_hooks_spec, "SaveHooks") == nullptr ||
       !torch_offload_pyext::add_checkpoint_frame(module)) {
     Py_DECREF(module);
     return nullptr;

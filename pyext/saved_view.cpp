@@ -9,6 +9,8 @@
 #include <new>
 #include <utility>
 
+#include "pyext/module_types.h"
+
 namespace torch_offload_pyext {
 namespace {
 
@@ -25,7 +27,6 @@ SavedView* make_saved_view(PyTypeObject* type, at::Tensor save, c10::Device devi
   view->dtensor_spec = Py_NewRef(Py_None);
   view->held_version = 0;
   view->pending = false;
-  view->modified = false;
   view->not_a_weight = false;
   return view;
 }
@@ -97,13 +98,8 @@ PyType_Spec saved_view_spec = {"torch_offload._save_hooks.SavedView", sizeof(Sav
 }  // namespace
 
 bool add_saved_view(PyObject* module) {
-  PyObject* type = PyType_FromSpec(&saved_view_spec);
-  if (type == nullptr || PyModule_AddObject(module, "SavedView", type) < 0) {
-    Py_XDECREF(type);
-    return false;
-  }
-  saved_view_type = reinterpret_cast<PyTypeObject*>(type);  // borrowed: the module holds it
-  return true;
+  saved_view_type = add_type(module, &saved_view_spec, "SavedView");
+  return saved_view_type != nullptr;
 }
 
 bool is_saved_view(PyObject* object) { return Py_TYPE(object) == saved_view_type; }

@@ -28,7 +28,6 @@ struct SavedView {
   at::Tensor held;
   int64_t held_version;
   bool pending;       // held until its call's batch ends
-  bool modified;      // changed in place between its save and the batch's end: unpacking it raises
   bool not_a_weight;  // a held leaf without grad the hook checked is no frozen parameter
 };
 
