@@ -13,8 +13,12 @@ time (until backward() returns); the forward's end on the GPU (CUDA events); the
 medians per variant and the median of the per-set differences against plain training.
 
     python3 benchmarks/results/modules_host_split_4k.py [SEQ] [SETS] [VARIANTS]
+
+Session 22: HOST_SPLIT_GC=off runs every variant with Python's garbage collector disabled
+(gc.disable() once the models are built), =freeze with the objects that exist then frozen
+(gc.freeze(): collections no longer walk the model's objects).
 """
-import copy, os, statistics, sys, time
+import copy, gc, os, statistics, sys, time
 import torch
 sys.path.insert(0, os.getcwd())
 import torch_offload
@@ -55,6 +59,9 @@ for v in variants:
             options["max_in_flight"] = int(v[len("modules_mif"):].partition("_")[0])
         # "_wc": the engine's host memory write-combined (session 21's experiment, read at creation)
         os.environ["TORCH_OFFLOAD_HOST_WRITE_COMBINED"] = "1" if "_wc" in v else "0"
+        # "_nogroup": backward's prefetch one entry at a time and every compute wait made, as
+        # before session 22 (session22_experiment_no_group.patch, read at creation)
+        os.environ["TORCH_OFFLOAD_EXPERIMENT_NO_GROUP"] = "1" if "_nogroup" in v else "0"
         handle = torch_offload.apply(model, "modules", targets=["*.self_attn"], **options)
         if "_nodefer" in v:  # the engine's batch without the C hooks' deferred saves (before session 21)
             hooks, manager_id = handle.modules.hooks, handle.modules.manager.id()
@@ -73,6 +80,13 @@ for v in variants:
                 lambda m, a, o, kind=kind: marks.append((kind, 1, time.perf_counter_ns())))
     models[v] = model
 del base
+gc_mode = os.environ.get("HOST_SPLIT_GC", "on")
+if gc_mode == "off":
+    gc.disable()
+elif gc_mode == "freeze":
+    gc.collect()
+    gc.freeze()
+print("garbage collector:", gc_mode, flush=True)
 
 
 def spans(kind):
