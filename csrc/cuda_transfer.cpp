@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -27,8 +28,10 @@ class CudaFence final : public CopyFence {
   at::cuda::CUDAEvent event{cudaEventDisableTiming};
   // The compute stream that last waited for this recording of the event (reset when the pool
   // hands the fence out again): the saves of a batch restored together share one fence, and only
-  // the first of their restores needs the wait.
-  std::atomic<cudaStream_t> waited_by{nullptr};
+  // the first of their restores needs the wait. A stream id, not a cudaStream_t: the default
+  // stream's handle is null.
+  static constexpr c10::StreamId kNoStream = std::numeric_limits<c10::StreamId>::min();
+  std::atomic<c10::StreamId> waited_by{kNoStream};
 };
 
 // Creating and destroying a CUDA event are driver calls, two per copy: copies take their fences
@@ -47,7 +50,7 @@ class FencePool : public std::enable_shared_from_this<FencePool> {
       }
     }
     if (!fence) fence = std::make_unique<CudaFence>();
-    fence->waited_by = nullptr;
+    fence->waited_by = CudaFence::kNoStream;
     std::shared_ptr<FencePool> pool = shared_from_this();
     return std::shared_ptr<CudaFence>(fence.release(),
                                       [pool](CudaFence* done) { pool->give_back(done); });
@@ -245,11 +248,11 @@ class CudaTransfer final : public DeviceTransfer {
     const c10::DeviceIndex index =
         device.has_index() ? device.index() : c10::cuda::current_device();
     const c10::cuda::CUDAStream compute = at::cuda::getCurrentCUDAStream(index);
-    if (cuda_fence.waited_by.load() == compute.stream()) return;  // ordered after it already
+    if (cuda_fence.waited_by.load() == compute.id()) return;  // ordered after it already
     if (cuda_fence.event.query()) return;  // already complete: no stall to wait for or count
     c10::cuda::CUDAGuard guard(index);
     wait_timer_.wait(compute, cuda_fence.event);
-    cuda_fence.waited_by = compute.stream();
+    cuda_fence.waited_by = compute.id();
   }
 
   double compute_wait_ms() override { return wait_timer_.waited_ms(); }
