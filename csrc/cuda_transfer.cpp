@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <limits>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -26,12 +25,6 @@ class CudaFence final : public CopyFence {
   // Timing disabled: the cheapest kind. (Blocking-sync events, which let waiting threads sleep,
   // made each save and restore slower on the H100 in an A/B of builds: fence_variants_ab.log.)
   at::cuda::CUDAEvent event{cudaEventDisableTiming};
-  // The compute stream that last waited for this recording of the event (reset when the pool
-  // hands the fence out again): the saves of a batch restored together share one fence, and only
-  // the first of their restores needs the wait. A stream id, not a cudaStream_t: the default
-  // stream's handle is null.
-  static constexpr c10::StreamId kNoStream = std::numeric_limits<c10::StreamId>::min();
-  std::atomic<c10::StreamId> waited_by{kNoStream};
 };
 
 // Creating and destroying a CUDA event are driver calls, two per copy: copies take their fences
@@ -50,7 +43,6 @@ class FencePool : public std::enable_shared_from_this<FencePool> {
       }
     }
     if (!fence) fence = std::make_unique<CudaFence>();
-    fence->waited_by = CudaFence::kNoStream;
     std::shared_ptr<FencePool> pool = shared_from_this();
     return std::shared_ptr<CudaFence>(fence.release(),
                                       [pool](CudaFence* done) { pool->give_back(done); });
@@ -202,57 +194,30 @@ class CudaTransfer final : public DeviceTransfer {
 
   std::pair<at::Tensor, FencePtr> copy_to_device(const at::Tensor& host, c10::Device device,
                                                  const FencePtr& ready) override {
-    auto [outs, done] = copy_to_device_batch({host}, device, ready);
-    return {std::move(outs.front()), std::move(done)};
-  }
-
-  // Per batch: one guard, one ordering after the compute stream (which allocated the results) and
-  // after `ready`, one fence. Per tensor: its allocation and its copy (the driver call costs the
-  // same batched or not: session 21's cudaMemcpyBatchAsync issued 5 copies in ~30 us).
-  std::pair<std::vector<at::Tensor>, FencePtr> copy_to_device_batch(
-      const std::vector<at::Tensor>& hosts, c10::Device device, const FencePtr& ready) override {
     const c10::DeviceIndex index =
         device.has_index() ? device.index() : c10::cuda::current_device();
     c10::cuda::CUDAGuard guard(index);
     const Streams& streams = streams_for(index);
-    // Allocated while the compute stream is current: the blocks belong to the compute stream's
-    // pool, so freeing them later needs no record_stream.
-    std::vector<at::Tensor> outs;
-    outs.reserve(hosts.size());
-    for (const at::Tensor& host : hosts) {
-      outs.push_back(
-          at::empty(host.sizes(),
-                    host.options().device(c10::Device(c10::kCUDA, index)).pinned_memory(false)));
-    }
-    side_stream_waits_for_compute(index, streams.to_device);  // the allocations of outs
+    // Allocated while the compute stream is current: the block belongs to the compute stream's
+    // pool, so freeing it later needs no record_stream.
+    at::Tensor out = at::empty(
+        host.sizes(), host.options().device(c10::Device(c10::kCUDA, index)).pinned_memory(false));
+    side_stream_waits_for_compute(index, streams.to_device);  // the allocation of out
     if (ready) static_cast<CudaFence&>(*ready).event.block(streams.to_device);
-    try {
-      for (size_t i = 0; i < hosts.size(); ++i) {
-        C10_CUDA_CHECK(cudaMemcpyAsync(outs[i].data_ptr(), hosts[i].data_ptr(), hosts[i].nbytes(),
-                                       cudaMemcpyHostToDevice, streams.to_device.stream()));
-      }
-    } catch (...) {
-      // The copies queued before the failing one still write into `outs`: let them finish
-      // before the results are freed.
-      (void)cudaStreamSynchronize(streams.to_device.stream());
-      (void)cudaGetLastError();
-      throw;
-    }
+    C10_CUDA_CHECK(cudaMemcpyAsync(out.data_ptr(), host.data_ptr(), host.nbytes(),
+                                   cudaMemcpyHostToDevice, streams.to_device.stream()));
     std::shared_ptr<CudaFence> done = streams.fences->take();
     done->event.record(streams.to_device);
-    return {std::move(outs), done};
+    return {out, done};
   }
 
   void compute_waits_for(const FencePtr& fence, c10::Device device) override {
     auto& cuda_fence = static_cast<CudaFence&>(*fence);
+    if (cuda_fence.event.query()) return;  // already complete: no stall to wait for or count
     const c10::DeviceIndex index =
         device.has_index() ? device.index() : c10::cuda::current_device();
-    const c10::cuda::CUDAStream compute = at::cuda::getCurrentCUDAStream(index);
-    if (cuda_fence.waited_by.load() == compute.id()) return;  // ordered after it already
-    if (cuda_fence.event.query()) return;  // already complete: no stall to wait for or count
     c10::cuda::CUDAGuard guard(index);
-    wait_timer_.wait(compute, cuda_fence.event);
-    cuda_fence.waited_by = compute.id();
+    wait_timer_.wait(at::cuda::getCurrentCUDAStream(index), cuda_fence.event);
   }
 
   double compute_wait_ms() override { return wait_timer_.waited_ms(); }

@@ -37,12 +37,7 @@ class DeviceTransfer {
   // there) and queues result <- `host` on the host-to-device stream after `ready` (the D2H fence).
   virtual std::pair<at::Tensor, FencePtr> copy_to_device(const at::Tensor& host, c10::Device device,
                                                          const FencePtr& ready) = 0;
-  // copy_to_device of every tensor of `hosts` after the same `ready`, with one fence for them all:
-  // one ordering point and one fence for a batch's saves restored together (Manager's prefetch).
-  virtual std::pair<std::vector<at::Tensor>, FencePtr> copy_to_device_batch(
-      const std::vector<at::Tensor>& hosts, c10::Device device, const FencePtr& ready) = 0;
-  // Makes `device`'s compute stream wait for `fence` without blocking the host. Waiting again for
-  // a fence the same stream already waited for costs nothing.
+  // Makes `device`'s compute stream wait for `fence` without blocking the host.
   virtual void compute_waits_for(const FencePtr& fence, c10::Device device) = 0;
   // Milliseconds the compute streams have spent stalled in compute_waits_for so far.
   virtual double compute_wait_ms() = 0;

@@ -160,10 +160,6 @@ class Manager : public std::enable_shared_from_this<Manager> {
   // Copies `bytes` (the entry's resident host bytes) to `device` ahead of the restore.
   void start_prefetch_locked(Entry& entry, const void* bytes, c10::Device device,
                              DeviceTransfer* transfer);
-  // The same for entries in host memory that share one fence to host (one batch's saves), in one
-  // copy_to_device_batch: they share its fence, so the compute stream waits for it once.
-  void start_group_prefetch_locked(const std::vector<Entry*>& group, c10::Device device,
-                                   DeviceTransfer* transfer);
   // The device copy of `host` (the entry's data) for a restore, ordered before compute-stream use.
   at::Tensor copy_for_restore_locked(Entry& entry, const void* host, c10::Device device,
                                      DeviceTransfer* transfer);

@@ -175,24 +175,6 @@ void Manager::start_prefetch_locked(Entry& entry, const void* bytes, c10::Device
   counters_.prefetches++;
 }
 
-void Manager::start_group_prefetch_locked(const std::vector<Entry*>& group, c10::Device device,
-                                          DeviceTransfer* transfer) {
-  if (group.size() == 1) {
-    start_prefetch_locked(*group.front(), group.front()->stored->resident(), device, transfer);
-    return;
-  }
-  std::vector<at::Tensor> hosts;
-  hosts.reserve(group.size());
-  for (const Entry* entry : group) hosts.push_back(host_tensor(*entry, entry->stored->resident()));
-  auto [outs, done] = transfer->copy_to_device_batch(hosts, device, group.front()->to_host_done);
-  for (size_t i = 0; i < group.size(); ++i) {
-    group[i]->prefetched = std::move(outs[i]);
-    group[i]->prefetch_done = done;
-    group[i]->last_fence = done;
-  }
-  counters_.prefetches += static_cast<int64_t>(group.size());
-}
-
 void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
                                      DeviceTransfer* transfer) {
   // Backward restores in reverse save order: the entries saved just before this one come next.
@@ -221,22 +203,7 @@ void Manager::prefetch_walk_locked(std::list<const void*>::iterator before, c10:
     }
     if (transfer == nullptr || copies <= 0) continue;
     copies--;
-    if (candidate.prefetched.defined()) continue;
-    // The saves of one batch (one fence to host) saved before it, up to the batch's first or the
-    // walk's budget, come back with it: one ordering point and one fence for them all.
-    std::vector<Entry*> group{&candidate};
-    while (copies > 0 && candidate.to_host_done && pos != save_order_.begin()) {
-      Entry& earlier = entries_.at(*std::prev(pos));
-      if (earlier.to_host_done != candidate.to_host_done) break;
-      --pos;
-      if (earlier.restored || earlier.source_device != device || earlier.kept_source.defined() ||
-          earlier.stored->resident() == nullptr) {
-        continue;  // (as the walk itself passes them)
-      }
-      copies--;
-      if (!earlier.prefetched.defined()) group.push_back(&earlier);
-    }
-    start_group_prefetch_locked(group, device, transfer);
+    if (!candidate.prefetched.defined()) start_prefetch_locked(candidate, bytes, device, transfer);
   }
 }
 

@@ -186,40 +186,6 @@ class FakeTransfer final : public DeviceTransfer {
     return {out, fence};
   }
 
-  // One fence for the batch (after `ready`); a Call per copy (kToDevice), all with that fence.
-  std::pair<std::vector<at::Tensor>, FencePtr> copy_to_device_batch(
-      const std::vector<at::Tensor>& hosts, c10::Device device, const FencePtr& ready) override {
-    FakeFencePtr ready_fake = std::dynamic_pointer_cast<FakeFence>(ready);
-    EXPECT_EQ(ready_fake == nullptr, ready == nullptr) << "ready is not a fence of this transfer";
-    std::vector<at::Tensor> outs;
-    std::vector<std::function<void()>> memcpys;
-    for (const at::Tensor& host : hosts) {
-      EXPECT_TRUE(host.is_cpu());
-      EXPECT_TRUE(host.is_contiguous());
-      outs.push_back(at::empty(host.sizes(), host.options().device(device)));
-      const size_t nbytes = host.nbytes();
-      const void* from = host.const_data_ptr();
-      void* to = outs.back().data_ptr();
-      memcpys.emplace_back([from, to, nbytes] {
-        if (nbytes > 0) std::memcpy(to, from, nbytes);
-      });
-    }
-    auto fence = std::make_shared<FakeFence>(
-        [memcpys] {
-          for (const auto& copy : memcpys) copy();
-        },
-        ready_fake);
-    device_batches_++;
-    for (const at::Tensor& host : hosts) {
-      record(
-          Call{Kind::kToDevice, host.const_data_ptr(), host.nbytes(), device, fence, ready_fake});
-    }
-    schedule(fence);
-    return {outs, fence};
-  }
-  // copy_to_device_batch calls so far.
-  int device_batches() const { return device_batches_.load(); }
-
   void compute_waits_for(const FencePtr& fence, c10::Device device) override {
     FakeFencePtr fake = std::dynamic_pointer_cast<FakeFence>(fence);
     if (fake == nullptr) {
@@ -295,7 +261,6 @@ class FakeTransfer final : public DeviceTransfer {
 
  private:
   std::atomic<int> batches_{0};
-  std::atomic<int> device_batches_{0};
   std::atomic<bool> fail_batches_{false};
 
   void record(Call call) {

@@ -32,9 +32,6 @@ class CudaTransferTest : public ::testing::Test {
     return at::TensorOptions().device(c10::Device(c10::kCUDA, 0)).dtype(dtype);
   }
 
-  // A batch of saves made and restored on `stream` (ABatchPrefetchedTogether...).
-  void batch_prefetched_together(c10::cuda::CUDAStream stream);
-
   std::shared_ptr<Manager> manager_;
 };
 
@@ -226,43 +223,6 @@ TEST_F(CudaTransferTest, ABatchOfCopiesIsOrderedAgainstANonDefaultComputeStream)
   const OffloadStats s = manager_->stats();
   EXPECT_EQ(s.batched_copies, 9);
   EXPECT_EQ(s.copy_batches, 2);
-  manager_->synchronize();
-  stream.synchronize();
-}
-TEST_F(CudaTransferTest, ABatchPrefetchedTogetherIsRightOnTheDefaultAndANonDefaultStream) {
-  // A batch's saves come back in one copy_to_device_batch behind one fence, and only the first
-  // restore makes the compute stream wait for it: every later restore must still see its bytes,
-  // the results are written over by the next kernels as backward would. On the default stream
-  // (whose handle is null) and on another.
-  for (const bool pool_stream : {false, true}) {
-    SCOPED_TRACE(pool_stream ? "a stream from the pool" : "the default stream");
-    batch_prefetched_together(pool_stream ? c10::cuda::getStreamFromPool(false, 0)
-                                          : c10::cuda::getDefaultCUDAStream(0));
-    testing::expect_nothing_held_and_drop(manager_);
-  }
-}
-
-void CudaTransferTest::batch_prefetched_together(c10::cuda::CUDAStream stream) {
-  manager_ = Manager::create(testing::make_config(4, 8, 0));
-  c10::cuda::CUDAStreamGuard guard(stream);
-  std::vector<at::Tensor> hs, expected;
-  manager_->begin_batch();
-  for (int i = 0; i < 6; ++i) {
-    at::Tensor y = at::randn({1024, 1024}, cuda()).mul_(i + 1);
-    expected.push_back(y.clone());
-    hs.push_back(manager_->save(y));
-  }
-  manager_->end_batch();
-  for (int i = 5; i >= 0; --i) {
-    at::Tensor r = manager_->restore(hs[i], c10::Device(c10::kCUDA, 0));
-    at::Tensor sum = r.mul(2).sub_(expected[i]);  // read on the compute stream at once
-    EXPECT_TRUE(at::equal(sum, expected[i])) << i;
-    at::Tensor scribble = at::empty({1024, 1024}, cuda()).fill_(-1.0);
-    (void)scribble;
-  }
-  const OffloadStats s = manager_->stats();
-  EXPECT_EQ(s.prefetches, 5);
-  EXPECT_EQ(s.prefetch_hits, 5);
   manager_->synchronize();
   stream.synchronize();
 }

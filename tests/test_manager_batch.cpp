@@ -1,8 +1,7 @@
 // Manager's batches of device-to-host copies (Manager::begin_batch, manager_batch.cpp), on CPU
 // tensors driven through the fake asynchronous transfer: saves queue their copies until the batch
 // ends, one fence serves the batch, anything that uses a pending copy issues it first, and nothing
-// is lost when a handle dies, the batch fills, another thread saves or the issue fails; backward's
-// prefetch brings a batch's saves back together.
+// is lost when a handle dies, the batch fills, another thread saves or the issue fails.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -187,72 +186,6 @@ TEST_F(BatchTest, ABatchThatCannotBeIssuedKeepsItsSourcesAndRaises) {
   EXPECT_TRUE(at::equal(restore(h0), xs[0]));
   EXPECT_EQ(transfer_->count(Kind::kToHost), 0);
   EXPECT_EQ(stats().restores_kept_on_device, 2);
-}
-
-// Backward's prefetch brings a batch's saves back together (Manager::prefetch_walk_locked): one
-// copy_to_device_batch after the batch's fence, one fence shared by their restores.
-TEST_F(BatchTest, ABatchsSavesArePrefetchedTogetherBehindOneFence) {
-  make(make_config(4, 8, 0));
-  const std::vector<at::Tensor> xs = tensors(5);
-  std::vector<at::Tensor> hs;
-  manager_->begin_batch();
-  for (const auto& x : xs) hs.push_back(save(x));
-  manager_->end_batch();
-  EXPECT_TRUE(at::equal(restore(hs[4]), xs[4]));
-  EXPECT_EQ(transfer_->device_batches(), 1);
-  const auto prefetched = transfer_->calls(Kind::kToDevice);
-  ASSERT_EQ(prefetched.size(), 5u) << "the first restore, then the other four in one batch";
-  const testing::FakeFencePtr to_host = transfer_->calls(Kind::kToHost)[0].fence;
-  for (size_t i = 1; i < prefetched.size(); ++i) {
-    EXPECT_EQ(prefetched[i].fence, prefetched[1].fence) << i;
-    EXPECT_EQ(prefetched[i].ready, to_host) << "after the batch's copies to host";
-  }
-  for (int i = 3; i >= 0; --i) EXPECT_TRUE(at::equal(restore(hs[i]), xs[i])) << i;
-  const OffloadStats s = stats();
-  EXPECT_EQ(s.prefetches, 4);
-  EXPECT_EQ(s.prefetch_hits, 4);
-  EXPECT_EQ(transfer_->count(Kind::kToDevice), 5) << "nothing copied twice";
-}
-
-TEST_F(BatchTest, EachBatchIsPrefetchedOnItsOwnWithinTheDepth) {
-  make(make_config(4, 4, 0));
-  const std::vector<at::Tensor> xs = tensors(6);
-  std::vector<at::Tensor> hs;
-  for (int batch = 0; batch < 2; ++batch) {
-    manager_->begin_batch();
-    for (int i = 3 * batch; i < 3 * batch + 3; ++i) hs.push_back(save(xs[i]));
-    manager_->end_batch();
-  }
-  EXPECT_TRUE(at::equal(restore(hs[5]), xs[5]));
-  // Depth 4: hs[4], hs[3] (the second batch) together, then hs[2], hs[1] of the first batch.
-  EXPECT_EQ(transfer_->device_batches(), 2);
-  const auto calls = transfer_->calls(Kind::kToDevice);
-  ASSERT_EQ(calls.size(), 5u);
-  EXPECT_EQ(calls[1].fence, calls[2].fence);
-  EXPECT_EQ(calls[3].fence, calls[4].fence);
-  EXPECT_NE(calls[2].fence, calls[3].fence);
-  EXPECT_NE(calls[2].ready, calls[3].ready) << "each after its own batch's copies to host";
-  for (int i = 4; i >= 0; --i) EXPECT_TRUE(at::equal(restore(hs[i]), xs[i])) << i;
-  EXPECT_EQ(stats().prefetch_hits, 5);
-}
-
-TEST_F(BatchTest, APrefetchOfOneBatchStopsAtTheDepth) {
-  make(make_config(4, 2, 0), Completion::kManual);
-  const std::vector<at::Tensor> xs = tensors(5);
-  std::vector<at::Tensor> hs;
-  manager_->begin_batch();
-  for (const auto& x : xs) hs.push_back(save(x));
-  manager_->end_batch();
-  transfer_->complete_all();
-  EXPECT_TRUE(at::equal(restore(hs[4]), xs[4]));
-  // Depth 2: hs[3] and hs[2] only, together; the restore of hs[3] then prefetches hs[1] (its
-  // walk passes hs[2], already prefetched).
-  EXPECT_EQ(transfer_->count(Kind::kToDevice), 3);
-  EXPECT_TRUE(at::equal(restore(hs[3]), xs[3]));
-  EXPECT_EQ(transfer_->count(Kind::kToDevice), 4);
-  for (int i = 2; i >= 0; --i) EXPECT_TRUE(at::equal(restore(hs[i]), xs[i])) << i;
-  EXPECT_EQ(transfer_->count(Kind::kToDevice), 5);
-  EXPECT_EQ(stats().prefetch_hits, 4);
 }
 
 }  // namespace
