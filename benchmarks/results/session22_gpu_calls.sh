@@ -84,3 +84,9 @@ done
 # -> noise_4k_session22_h100.{log,json}
 python3 benchmarks/bench_activations.py --out /tmp/noise --seqs 4096 --variants none,all,modules --steps 3 \
   --warmup 1 --soak-steps 2
+
+# Calls 16-17: the 4k step without a sync after each step beside the synced step (two processes),
+# then with 4 / 10 / 16 copies in flight -> modules_unsynced_4k_session22_h100.log,
+# modules_unsynced_mif_4k_session22_h100.log
+for i in 1 2; do python3 benchmarks/results/modules_unsynced_4k.py 4096 7 10; done
+python3 benchmarks/results/modules_unsynced_4k.py 4096 8 10 10,16
