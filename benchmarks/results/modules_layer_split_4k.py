@@ -9,11 +9,15 @@ per-set differences against plain training.
 
     python3 benchmarks/results/modules_layer_split_4k.py [SEQ] [SETS]
 
+LAYER_SPLIT_PIN=1: one more variant, `modules_pinned`, whose steps run with the forward's thread
+alone on CPU 0 and every other thread of the process (the engine's releaser, autograd's) on the
+other CPUs (affinities set before each of its steps and reset after): is the host code after our
+work slower because another thread shares its core?
 LAYER_SPLIT_BLOCKING_SYNC=1: the CUDA context is made with CU_CTX_SCHED_BLOCKING_SYNC before torch
 starts it, so every host wait on the GPU sleeps instead of spinning (the engine's releaser thread
 spins in cudaEventSynchronize for each batch's copies, ~1.2 ms each, through most of the forward).
 """
-import copy, ctypes, os, statistics, sys, time, warnings
+import copy, ctypes, os, statistics, sys, threading, time, warnings
 if os.environ.get("LAYER_SPLIT_BLOCKING_SYNC") == "1":
     cuda = ctypes.CDLL("libcuda.so.1")
     device = ctypes.c_int()
@@ -33,11 +37,27 @@ base = build_llama(REF, "cuda", seq)
 ids = torch.randint(0, REF["vocab"], (1, seq), device="cuda")
 marks = []
 models = {}
-for variant in ("plain", "modules_keep", "modules"):
+PIN = os.environ.get("LAYER_SPLIT_PIN") == "1"
+ALL_CPUS = os.sched_getaffinity(0)
+
+
+def pin(on):
+    """The calling thread on CPU 0 and the process's other threads off it (on), or all anywhere."""
+    main = threading.get_native_id()
+    for tid in map(int, os.listdir("/proc/self/task")):
+        cpus = ALL_CPUS if not on else ({0} if tid == main else ALL_CPUS - {0})
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass  # a thread that ended meanwhile
+
+
+for variant in ("plain", "modules_keep", "modules") + (("modules_pinned",) if PIN else ()):
     model = copy.deepcopy(base)
     if variant != "plain":
         torch_offload.apply(model, "modules", targets=["*.self_attn"],
                             **({"min_bytes": 1 << 62} if variant == "modules_keep" else {}))
+        model._pinned = variant == "modules_pinned"
     for name, module in model.named_modules():
         last = name.rsplit(".", 1)[-1]
         kind = last if last in KINDS else "layer" if name.rsplit(".", 2)[-2:-1] == ["layers"] else None
@@ -63,6 +83,14 @@ def spans():
 
 
 def step(model):
+    pin(getattr(model, "_pinned", False))
+    try:
+        return pinned_step(model)
+    finally:
+        pin(False)
+
+
+def pinned_step(model):
     marks.clear()
     t = time.perf_counter_ns()
     loss = model(ids, labels=ids).loss

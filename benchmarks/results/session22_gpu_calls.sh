@@ -90,3 +90,7 @@ python3 benchmarks/bench_activations.py --out /tmp/noise --seqs 4096 --variants 
 # modules_unsynced_mif_4k_session22_h100.log
 for i in 1 2; do python3 benchmarks/results/modules_unsynced_4k.py 4096 7 10; done
 python3 benchmarks/results/modules_unsynced_4k.py 4096 8 10 10,16
+
+# Call 18: the layer split with a variant whose forward thread has CPU 0 to itself (every other
+# thread on the other CPUs) -> modules_layer_split_pinned_4k_session22_h100.log
+LAYER_SPLIT_PIN=1 python3 benchmarks/results/modules_layer_split_4k.py 4096 40
