@@ -94,3 +94,7 @@ python3 benchmarks/results/modules_unsynced_4k.py 4096 8 10 10,16
 # Call 18: the layer split with a variant whose forward thread has CPU 0 to itself (every other
 # thread on the other CPUs) -> modules_layer_split_pinned_4k_session22_h100.log
 LAYER_SPLIT_PIN=1 python3 benchmarks/results/modules_layer_split_4k.py 4096 40
+
+# Call 19: bench_modules at 4k and 16k on the final library (0ac67fc's)
+# -> bench_modules_final_session22_h100.log, modules_final_session22_h100.json
+python3 benchmarks/bench_modules.py --out /tmp/bench --seqs 4096,16384 --steps 5 --rounds 5
