@@ -13,6 +13,10 @@ LAYER_SPLIT_PIN=1: one more variant, `modules_pinned`, whose steps run with the 
 alone on CPU 0 and every other thread of the process (the engine's releaser, autograd's) on the
 other CPUs (affinities set before each of its steps and reset after): is the host code after our
 work slower because another thread shares its core?
+LAYER_SPLIT_SPIN_US=N: one more variant, `modules_keep_spin`, every save kept and the host busy for N us
+(a Python loop on perf_counter) at the end of each self_attn call, about the time modules mode's
+engine spends there: does the code after the call slow down from spending that time, or from what
+the engine does in it?
 LAYER_SPLIT_BLOCKING_SYNC=1: the CUDA context is made with CU_CTX_SCHED_BLOCKING_SYNC before torch
 starts it, so every host wait on the GPU sleeps instead of spinning (the engine's releaser thread
 spins in cudaEventSynchronize for each batch's copies, ~1.2 ms each, through most of the forward).
@@ -52,11 +56,25 @@ def pin(on):
             pass  # a thread that ended meanwhile
 
 
-for variant in ("plain", "modules_keep", "modules") + (("modules_pinned",) if PIN else ()):
+SPIN_US = float(os.environ.get("LAYER_SPLIT_SPIN_US", "0"))
+
+
+def spin(module, args, output):
+    end = time.perf_counter() + SPIN_US / 1e6
+    while time.perf_counter() < end:
+        pass
+
+
+for variant in (("plain", "modules_keep", "modules") + (("modules_pinned",) if PIN else ())
+                + (("modules_keep_spin",) if SPIN_US else ())):
     model = copy.deepcopy(base)
     if variant != "plain":
         torch_offload.apply(model, "modules", targets=["*.self_attn"],
-                            **({"min_bytes": 1 << 62} if variant == "modules_keep" else {}))
+                            **({"min_bytes": 1 << 62} if variant.startswith("modules_keep") else {}))
+        if variant == "modules_keep_spin":
+            for name, module in model.named_modules():
+                if name.endswith("self_attn"):
+                    module.register_forward_hook(spin)  # after modules mode's own exit hook
         model._pinned = variant == "modules_pinned"
     for name, module in model.named_modules():
         last = name.rsplit(".", 1)[-1]

@@ -98,3 +98,7 @@ LAYER_SPLIT_PIN=1 python3 benchmarks/results/modules_layer_split_4k.py 4096 40
 # Call 19: bench_modules at 4k and 16k on the final library (0ac67fc's)
 # -> bench_modules_final_session22_h100.log, modules_final_session22_h100.json
 python3 benchmarks/bench_modules.py --out /tmp/bench --seqs 4096,16384 --steps 5 --rounds 5
+
+# Call 20: every save kept and the host busy 150 us at each self_attn's end (about the engine's time
+# there), beside modules mode -> modules_layer_split_spin_4k_session22_h100.log
+LAYER_SPLIT_SPIN_US=150 python3 benchmarks/results/modules_layer_split_4k.py 4096 40
