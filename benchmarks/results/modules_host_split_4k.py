@@ -62,6 +62,17 @@ for v in variants:
         # "_nogroup": backward's prefetch one entry at a time and every compute wait made, as
         # before session 22 (session22_experiment_no_group.patch, read at creation)
         os.environ["TORCH_OFFLOAD_EXPERIMENT_NO_GROUP"] = "1" if "_nogroup" in v else "0"
+        # session 23 (read when the manager is made): "_untimed": compute waits without their timing
+        # events; "_nocache": fences forget that they completed (each query and wait asks the driver);
+        # "_persave": each save asked on its own (weights and small tensors at once, the held saves in
+        # one op call each at the batch's end), as before session 23
+        for flag, name in (("_untimed", "TORCH_OFFLOAD_EXPERIMENT_UNTIMED_WAITS"),
+                           ("_nocache", "TORCH_OFFLOAD_EXPERIMENT_NO_FENCE_CACHE"),
+                           ("_persave", "TORCH_OFFLOAD_EXPERIMENT_PER_SAVE")):
+            if flag in v:
+                os.environ[name] = "1"
+            else:
+                os.environ.pop(name, None)
         handle = torch_offload.apply(model, "modules", targets=["*.self_attn"], **options)
         if "_nodefer" in v:  # the engine's batch without the C hooks' deferred saves (before session 21)
             hooks, manager_id = handle.modules.hooks, handle.modules.manager.id()
