@@ -1,6 +1,8 @@
 """Session 23: the 4k modules step ratio against the host's speed, over every run of
 modules_host_split_4k.py kept here (sessions 21-23, H100 and H200): for each process, plain
-training's forward host time (ms, median) and `modules`' step / plain median in that process.
+training's forward host time (ms, median) and `modules`' step / plain median in that process
+(`modules` is the library of that session and call; the A/Bs of sessions 21-23 put the variants
+within the spread of one another).
 Printed sorted by host time, with the median ratio per host-time band and the correlation.
 
     python3 benchmarks/results/modules_ratio_vs_host.py
@@ -10,7 +12,9 @@ import glob, os, re, statistics
 here = os.path.dirname(os.path.abspath(__file__))
 points = []
 for path in sorted(glob.glob(os.path.join(here, "modules_host_split_*4k_session2[123]_h*.log"))):
-    gpu = "H200" if path.endswith("h200.log") else "H100"
+    if "head_start" in path:
+        continue  # its host times include a GPU sleep (and its step is the GPU's alone)
+    gpu = "H200" if "h200" in os.path.basename(path) else "H100"
     fwd_host = None
     for line in open(path):
         fields = line.split()
