@@ -8,6 +8,8 @@ entries are fnmatch patterns or presets written preset:NAME):
     between forward and backward) and tokens/s; peak allocated / reserved GPU memory over them;
     with --rounds N the variants run N times interleaved and the round with the median step counts
     (every round in the JSON's round_runs);
+  - the forward's host time (median): where no offloading's is near its forward's GPU time, the
+    step is host-bound and a mode's ratio follows the host's speed (README, "Mode modules");
   - then one more step, not timed, whose forward ends with the copies finished (handle.report()):
     GPU memory allocated at the end of forward (before backward), and its drop against no
     offloading: the bytes the device really got back;
@@ -57,15 +59,19 @@ def run_variant(model, targets, seq, args, keep_gb=0.0, prefetch_depth=None):
             handle.manager.reset_stats()
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        times = []
+        times, forward_host = [], []
         for _ in range(args.steps):
             sync(args.device)
             t = time.perf_counter()
-            model(input_ids=ids, labels=ids).loss.backward()
+            loss = model(input_ids=ids, labels=ids).loss
+            forward_host.append(time.perf_counter() - t)
+            loss.backward()
+            del loss
             model.zero_grad(set_to_none=True)
             sync(args.device)
             times.append(time.perf_counter() - t)
-        row = {"variant": label, "seq": seq, "step_s": statistics.median(times), "times_s": times}
+        row = {"variant": label, "seq": seq, "step_s": statistics.median(times), "times_s": times,
+               "forward_host_ms": statistics.median(forward_host) * 1e3}
         row["tokens_per_s"] = seq / row["step_s"]
         if args.device == "cuda":
             row["peak_allocated_GB"] = torch.cuda.max_memory_allocated() / GB
@@ -113,6 +119,7 @@ def markdown(result):
     lines = [f"# modules mode on {result['gpu']}", "", f"command: `{result['command']}`", ""]
     lines += table(result["runs"], [
         ("step s", "step_s", "{:.3f}"), ("step / none", "step_ratio_to_none", "{:.3f}"),
+        ("fwd host ms", "forward_host_ms", "{:.1f}"),
         ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("alloc after fwd GB", "allocated_after_forward_GB", "{:.2f}"),
         ("drop vs none GB", "device_drop_GB", "{:.2f}"), ("expected GB", "expected_GB", "{:.2f}"),
         ("freed GB", "freed_GB", "{:.2f}"), ("freed / expected", "freed_over_expected", "{:.3f}"),
