@@ -50,3 +50,7 @@ for i in 1 2; do
   python3 benchmarks/results/modules_host_split_4k.py 4096 30 plain,modules
 done
 python3 benchmarks/bench_modules.py --out /tmp/bench --seqs 4096,16384 --steps 5 --rounds 7
+
+# Call 8 (H100; the final library; bench_modules with its new forward host time column)
+# -> bench_modules_session23_h100_call8.log, modules_session23_h100_call8.json
+python3 benchmarks/bench_modules.py --out /tmp/bench --seqs 4096,16384 --steps 5 --rounds 7
