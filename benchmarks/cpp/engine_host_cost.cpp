@@ -5,9 +5,10 @@
 // are small, so what is timed is bookkeeping (the work a host-bound step pays on its main thread).
 // Copies complete at once, so with a bound on copies in flight every batch also waits for the
 // releaser thread to have released the one before (a wake-up each way): max_in_flight 0 (no bound)
-// leaves the bookkeeping alone. Session 23 (this machine, 2 cores): ~1.9 ms per step with the bound
-// of 4, ~0.6 ms without, 1.5-2 us per save; on the H100's host the same work took ~4 ms per step
-// (session 22's phase timers), its caches cold between the model's ops.
+// leaves the bookkeeping alone. Session 23 (2-core CPU machine): 1.8 ms per step with the bound
+// of 4, 0.44-0.47 ms without (1.5-1.6 us per save; engine_host_cost_session23_cpu.log); on the
+// H100's host the engine's forward took ~4 ms per step (session 22's phase timers), its caches
+// cold between the model's ops.
 //
 //   build/benchmarks/cpp/engine_host_cost [steps] [max_in_flight]
 #include <ATen/ATen.h>
@@ -70,6 +71,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
   constexpr int kCalls = 24;
+  constexpr int kWarmup = 10;  // steps run before the timed ones
   // One backward at a time, each its own task: the unpacks of a step share restores.
   int64_t task = 0;
   std::vector<std::function<void()>> at_end;
@@ -82,13 +84,15 @@ int main(int argc, char** argv) {
   const int64_t filter_id = manager->save_filters().add(/*min_bytes=*/1024, /*record=*/true);
   const auto filter = manager->save_filters().get(filter_id);
 
-  const auto grad = at::TensorOptions().dtype(at::kFloat);
-  at::Tensor weight = at::randn({32, 32}, grad).requires_grad_(true);
+  const at::Tensor weight = at::randn({32, 32}).requires_grad_(true);
   const at::Tensor cos = at::randn({64, 32}), sin = at::randn({64, 32});  // leaves without grad
   double forward_s = 0.0, backward_s = 0.0;
   int64_t saves = 0, unpacks = 0;
-  for (int step = 0; step < steps + 10; ++step) {
-    // Op outputs (they have a grad_fn): made outside the timed part.
+  for (int step = 0; step < steps + kWarmup; ++step) {
+    const bool timed = step >= kWarmup;
+    // A call's 5 activations, made outside the timed part: detached, so asked with not_a_weight
+    // (as the hooks ask for a leaf without grad they checked), which the filter decides as it
+    // decides an op's output.
     std::vector<std::vector<at::Tensor>> outputs(kCalls);
     for (auto& call : outputs) {
       for (int i = 0; i < 5; ++i) call.push_back((at::randn({64, 32}) * weight.sum()).detach());
@@ -100,6 +104,7 @@ int main(int argc, char** argv) {
                   o[2], o[2].t(), cos,  sin,        o[3],       o[4].view({32, 64})};
     }
     std::vector<std::vector<at::Tensor>> handles(kCalls);
+    filter->reset_record();  // as modules mode does at each forward's start
     const auto forward_start = std::chrono::steady_clock::now();
     for (int c = 0; c < kCalls; ++c) {
       manager->begin_batch();
@@ -111,7 +116,7 @@ int main(int argc, char** argv) {
       }
       manager->end_batch();
     }
-    if (step >= 10) forward_s += seconds_since(forward_start);
+    if (timed) forward_s += seconds_since(forward_start);
     saved.clear();
     outputs.clear();
     task++;
@@ -120,20 +125,19 @@ int main(int argc, char** argv) {
       for (auto it = handles[c].rbegin(); it != handles[c].rend(); ++it) {
         if (!it->defined()) continue;
         at::Tensor restored = manager->saved_regions().unpack(*it, c10::Device(c10::kCPU));
-        if (step >= 10) unpacks++;
+        if (timed) unpacks++;
       }
-      if (step >= 10) saves += static_cast<int64_t>(handles[c].size());
+      if (timed) saves += static_cast<int64_t>(handles[c].size());
       handles[c].clear();  // the call's saves die with its backward
     }
     for (auto& f : at_end) f();
     at_end.clear();
-    if (step >= 10) backward_s += seconds_since(backward_start);
+    if (timed) backward_s += seconds_since(backward_start);
   }
   manager->synchronize();
   std::printf(
-      "steps %d, max_in_flight %lld: forward %.1f us per step (%.2f us per save), backward %.1f us "
-      "per step "
-      "(%.2f us per unpack)\n",
+      "steps %d, max_in_flight %lld: forward %.1f us per step (%.2f us per save), "
+      "backward %.1f us per step (%.2f us per unpack)\n",
       steps, static_cast<long long>(config.max_in_flight), forward_s / steps * 1e6,
       forward_s / saves * 1e6, backward_s / steps * 1e6, backward_s / unpacks * 1e6);
   return 0;

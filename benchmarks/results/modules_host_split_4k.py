@@ -62,7 +62,9 @@ for v in variants:
         # "_nogroup": backward's prefetch one entry at a time and every compute wait made, as
         # before session 22 (session22_experiment_no_group.patch, read at creation)
         os.environ["TORCH_OFFLOAD_EXPERIMENT_NO_GROUP"] = "1" if "_nogroup" in v else "0"
-        # session 23 (read when the manager is made): "_untimed": compute waits without their timing
+        # session 23 (read when the manager is made, by the library built with
+        # session23_fence_cache_untimed_waits.patch and session23_held_saves_one_call.patch; without
+        # them these variants are plain "modules"): "_untimed": compute waits without their timing
         # events; "_nocache": fences forget that they completed (each query and wait asks the driver);
         # "_persave": each save asked on its own (weights and small tensors at once, the held saves in
         # one op call each at the batch's end), as before session 23
@@ -114,7 +116,8 @@ def spans(kind):
 # Session 23: HOST_SPLIT_HEAD_START_MS=N queues a GPU sleep of about N ms before each step, so that
 # the host queues the forward while the GPU is busy and the GPU then runs it without waiting for the
 # host (with copies in flight unbounded, "modules_mif0", the host never waits for the GPU either):
-# "step" and "fwd_gpu" are then GPU times alone (from the sleep's end).
+# "step" and "fwd_gpu" are then GPU times alone (from the sleep's end). Void with the reference
+# model: its forward waits for the GPU near its start (the causal mask), spending the head start.
 head_start_cycles = int(float(os.environ.get("HOST_SPLIT_HEAD_START_MS", "0")) * 1.7e6)
 
 
@@ -140,8 +143,9 @@ def step(v):
     t1 = time.perf_counter_ns()
     loss.backward()
     t2 = time.perf_counter_ns()
-    backward_end = torch.cuda.Event(enable_timing=True)
-    backward_end.record()
+    if head_start_cycles:
+        backward_end = torch.cuda.Event(enable_timing=True)
+        backward_end.record()
     torch.cuda.synchronize()
     t3 = time.perf_counter_ns()
     attn, layers = spans("attn"), spans("layer")
