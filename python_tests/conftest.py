@@ -34,7 +34,8 @@ def assert_same_grads(model_a, model_b):
 def save_hooks(request, monkeypatch):
     """Runs a test with the C save hooks (pyext/save_hooks.cpp) and again with the Python ones they
     stand in for (what a build without Python's headers runs): both must decide alike."""
-    from torch_offload import _library, activations
+    from torch_offload._engine import library as _library
+    from torch_offload.hooks import offload_hooks as activations
     if request.param == "python":
         monkeypatch.setattr(activations, "load_save_hooks", lambda: None)
     elif _library.load_save_hooks() is None:

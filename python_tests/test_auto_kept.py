@@ -6,9 +6,11 @@ import torch
 import torch_offload
 from conftest import DEVICES, cuda_only
 from test_models import _steps_match_plain, _tiny_llama
-from torch_offload.modes.auto import _install
-from torch_offload.modes.auto_kept import block_policies, can_keep_mlp, kept_policy, next_kept_trial
-from torch_offload.selective import bytes_kept
+from torch_offload.apply import MODES
+from torch_offload.modes import AutoOptions
+from torch_offload.modes.auto.candidates import install_candidate
+from torch_offload.modes.auto.kept import block_policies, can_keep_mlp, kept_policy, next_kept_trial
+from torch_offload.policies.store import bytes_kept
 
 QKV_OUT = "selective:attention+qkv+out_proj"
 
@@ -66,7 +68,7 @@ def test_blocks_keeping_their_products_train_like_checkpointing(device):
     ours, reference = _tiny_llama(device, 0.1), _tiny_llama(device, 0.1)
     reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     blocks = list(ours.model.layers)
-    handle = _install(ours, blocks, QKV_OUT, {"min_bytes": 0}, False, tail=1, kept_blocks=1)
+    handle = install_candidate(MODES["auto"], ours, blocks, AutoOptions(), QKV_OUT, tail=1, kept_blocks=1)
     assert handle.blocks == blocks[:2]  # the last runs unchecked; the second keeps its products
     before = bytes_kept()
     _steps_match_plain(ours, reference, device, steps=2)

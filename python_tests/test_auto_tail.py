@@ -6,8 +6,10 @@ import torch
 
 import torch_offload
 from conftest import DEVICES, cuda_only
-from torch_offload.modes.auto import _install
-from torch_offload.modes.auto_tail import TailProbe, first_tail, next_tail, next_tail_trial, window_for_one_more_block
+from torch_offload.apply import MODES
+from torch_offload.modes import AutoOptions
+from torch_offload.modes.auto.candidates import install_candidate
+from torch_offload.modes.auto.tail import TailProbe, first_tail, next_tail, next_tail_trial, window_for_one_more_block
 from test_models import _llama_step, _steps_match_plain, _tiny_llama
 
 
@@ -73,7 +75,7 @@ def test_an_unchecked_tail_trains_like_checkpointing(device, candidate):
     ours, reference = _tiny_llama(device, 0.1), _tiny_llama(device, 0.1)
     reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     blocks = list(ours.model.layers)
-    handle = _install(ours, blocks, candidate, {}, False, tail=2)
+    handle = install_candidate(MODES["auto"], ours, blocks, AutoOptions(), candidate, tail=2)
     assert handle.blocks == blocks[:1]  # the last two run as they are
     assert all("forward" not in block.__dict__ for block in blocks[1:])
     _steps_match_plain(ours, reference, device, steps=2)
@@ -84,7 +86,7 @@ def test_an_unchecked_tail_trains_like_checkpointing(device, candidate):
 def test_the_probe_reads_the_early_peak_and_a_tail_blocks_footprint():
     model = _tiny_llama("cuda", 0.0)
     blocks = list(model.model.layers)
-    handle = _install(model, blocks, "hidden_states", {}, False, tail=1)
+    handle = install_candidate(MODES["auto"], model, blocks, AutoOptions(), "hidden_states", tail=1)
     probe = TailProbe(blocks[-1], blocks[-1:])
     ids = torch.randint(0, 256, (2, 32), device="cuda")
     torch.cuda.reset_peak_memory_stats()

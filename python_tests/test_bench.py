@@ -91,7 +91,7 @@ def test_compile_timeline_plot_writes_a_png(tmp_path):
 
 
 def test_link_utilisation_is_bytes_over_step_time_times_bandwidth():
-    from torch_offload.bench.runner import add_link_utilisation
+    from torch_offload.bench.common import add_link_utilisation
     row = {"step_s": 2.0, "to_host_MB": 1000.0, "to_device_MB": 500.0}
     add_link_utilisation(row, {"d2h_GBps": 1000.0 * 2**20 / 1e9, "h2d_GBps": 1000.0 * 2**20 / 1e9})
     # 1000 MB at 1000 MB/s takes 1 s of a 2 s step; 500 MB takes 0.5 s.

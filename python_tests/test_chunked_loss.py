@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.loss.loss_utils import ForCausalLMLoss
 
 import torch_offload
-from torch_offload.chunked_loss import chunked_causal_lm_loss
+from torch_offload.loss.chunked_loss import chunked_causal_lm_loss
 
 VOCAB, SEQ = 320, 40
 close = functools.partial(torch.testing.assert_close, rtol=1e-5, atol=1e-6)

@@ -197,7 +197,7 @@ def test_cuda_graphs_are_refused_with_the_setting_named():
 
 
 def test_compile_mode_options_reach_inductor():
-    from torch_offload.compile import _inductor_options
+    from torch_offload.compiler.compile_model import _inductor_options
 
     merged = _inductor_options("max-autotune-no-cudagraphs", {"epilogue_fusion": False}, "inductor")
     assert merged["max_autotune"] and merged["epilogue_fusion"] is False

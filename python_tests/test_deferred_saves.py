@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import torch_offload
-from torch_offload import _library, saved_regions
+from torch_offload._engine import library as _library
+from torch_offload.hooks import saved_regions
 
 from conftest import DEVICES
 

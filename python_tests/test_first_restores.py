@@ -8,7 +8,7 @@ import torch
 import torch_offload
 from conftest import cuda_only
 from test_models import _steps_match_plain, _tiny_llama
-from torch_offload.first_restores import PrefetchFirstRestores
+from torch_offload.modes.first_restores import PrefetchFirstRestores
 
 
 # modules mode needs its targets; min_bytes=0: the tiny model's attention saves are small.

@@ -196,7 +196,7 @@ def test_replaced_weight_is_an_error():
 def test_not_enough_host_memory_leaves_the_model_unchanged(monkeypatch):
     model = _frozen_base_llama("cpu")
     before = {n: p.data_ptr() for n, p in model.named_parameters()}
-    monkeypatch.setattr(torch_offload.layers, "available_host_bytes", lambda: 1 << 10)
+    monkeypatch.setattr(torch_offload.layers.frozen_weights, "available_host_bytes", lambda: 1 << 10)
     with pytest.raises(RuntimeError, match="need .* GiB of host memory, but only"):
         torch_offload.offload_layers(model)
     assert {n: p.data_ptr() for n, p in model.named_parameters()} == before
@@ -238,7 +238,7 @@ def test_users_saved_tensor_hooks_still_get_the_activations():
     seen = []
 
     def pack(t):
-        is_weight = t.untyped_storage().data_ptr() in torch_offload.weight_tokens._installed
+        is_weight = t.untyped_storage().data_ptr() in torch_offload.hooks.weight_tokens._installed
         seen.append(is_weight)
         return t.clone()
 
@@ -265,7 +265,7 @@ def test_exception_inside_a_layer_puts_the_host_weights_back():
         model(input_ids=ids, labels=ids)
     hook.remove()
     assert model.model.layers[1].mlp.gate_proj.weight is host_weight
-    assert not torch_offload.weight_tokens._installed
+    assert not torch_offload.hooks.weight_tokens._installed
     _steps_match_plain(model, _frozen_base_llama("cpu"), "cpu", steps=1)
 
 

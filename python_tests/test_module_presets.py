@@ -13,8 +13,8 @@ from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qw
 import torch_offload
 from conftest import assert_same_grads
 from test_models import _freeze_layer_weights, _steps_match_plain, _tiny_llama
-from torch_offload.module_presets import PRESETS, preset_modules
-from torch_offload.module_selection import plan_modules
+from torch_offload.targets.presets import PRESETS, preset_modules
+from torch_offload.targets.selection import plan_modules
 
 LAYERS = 2
 _SHAPE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,

@@ -50,7 +50,7 @@ def test_modules_mode_matches_plain_training(device, targets):
 def test_each_selected_call_brackets_its_copies_in_a_batch(save_hooks, monkeypatch):
     # The Python hooks call the op through activations.offload_batch (the C ones from C): one
     # begin and one end per selected call, so each call's copies are issued when it returns.
-    from torch_offload import activations
+    from torch_offload.hooks import offload_hooks as activations
     calls = []
     real = activations.offload_batch
     monkeypatch.setattr(activations, "offload_batch", lambda manager, begin: calls.append(begin) or real(manager, begin))

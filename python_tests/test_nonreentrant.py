@@ -12,8 +12,8 @@ from torch.utils import checkpoint as torch_checkpoint_module
 from torch.utils.checkpoint import GraphExecGroup
 
 import torch_offload
-from torch_offload import nonreentrant
-from torch_offload._library import load_save_hooks
+from torch_offload.checkpointing import nonreentrant
+from torch_offload._engine.library import load_save_hooks
 from conftest import DEVICES
 
 pytestmark = pytest.mark.skipif(not nonreentrant.available(), reason="the C save hooks are not built")

@@ -44,7 +44,7 @@ def test_pip_installed_package_carries_its_library(tmp_path):
         y = torch_offload.checkpoint(lambda t: t.sin() * 2, x)
         y.sum().backward()
         assert torch.equal(x.grad, 2 * x.detach().cos())
-        from torch_offload import _library
+        from torch_offload._engine import library as _library
         assert _library.load_save_hooks() is not None, "the C save hooks are not in the package"
         print("ok", torch_offload.library_path)
         """, cwd=tmp_path)

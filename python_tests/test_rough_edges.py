@@ -33,8 +33,19 @@ def test_unknown_keyword_names_apply_and_suggests_blocks():
                                         r"are blocks=\[\.\.\.\]"):
         torch_offload.apply(model, layers=list(model.model.layers))
     with pytest.raises(TypeError, match=r"apply\(mode='all'\) got an unexpected keyword argument "
-                                        r"'prefetch'; mode='all' takes: min_bytes, max_in_flight"):
+                                        r"'prefetch' \(did you mean prefetch_depth=\?\); mode='all' takes: "
+                                        r"min_bytes, max_in_flight"):
         torch_offload.apply(model, "all", prefetch=2)
+    # A misspelt mode= names what the user wrote and the mode apply() used for want of it.
+    with pytest.raises(TypeError, match=r"^torch_offload.apply\(\) got an unexpected keyword argument 'mdoe' "
+                                        r"\(did you mean mode=\?\); mode='hidden_states' \(the default\) "
+                                        r"takes: disk_only, use_reentrant, max_in_flight") as error:
+        torch_offload.apply(model, mdoe="all")
+    for internal in ("synchronous", "release_sources_on_save"):  # the manager's, not apply()'s
+        assert internal not in str(error.value)
+    # An option of another mode says which mode takes it.
+    with pytest.raises(TypeError, match=r"'policy' \(policy is for mode='selective'\)"):
+        torch_offload.apply(model, "hidden_states", policy="attention")
     with pytest.raises(TypeError, match=r"apply\(mode=None\) got an unexpected keyword argument 'min_bytes'"):
         torch_offload.apply(model, None, layer_offloading=True, min_bytes=0)
     # A failed apply() leaves the model as it was: a later apply() works.

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import torch_offload
-from torch_offload import _library, saved_regions
+from torch_offload._engine import library as _library
+from torch_offload.hooks import saved_regions
 
 pytestmark = pytest.mark.usefixtures("save_hooks")
 
@@ -81,7 +82,7 @@ def test_without_the_c_hooks_the_python_ones_run_and_give_the_same_gradients(tmp
     script = tmp_path / "python_hooks.py"
     script.write_text(
         "import torch, torch_offload\n"
-        "from torch_offload import saved_regions\n"
+        "from torch_offload.hooks import saved_regions\n"
         "assert saved_regions.SavedView.__name__ == '_PythonSavedView'\n"
         "torch.manual_seed(0)\n"
         "net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 32))\n"
@@ -96,7 +97,7 @@ def test_without_the_c_hooks_the_python_ones_run_and_give_the_same_gradients(tmp
         "loss.backward()\n"
         "assert all(torch.equal(a, p.grad) for a, p in zip(plain, net.parameters()))\n"
         "assert hooks.stats()['offloaded_saves'] > 0\n"
-        "from torch_offload import nonreentrant\n"
+        "from torch_offload.checkpointing import nonreentrant\n"
         "assert not nonreentrant.available()  # the checkpoint runs on torch's implementation\n"
         "net.zero_grad()\n"
         "torch_offload.checkpoint(net, x.requires_grad_(), use_reentrant=False).square().sum().backward()\n"

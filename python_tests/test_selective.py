@@ -133,7 +133,7 @@ def test_torch_policy_with_must_cpu_offload_and_restored_layout():
 @pytest.mark.parametrize("make", [lambda: torch.randn(6, 8).t(), lambda: torch.randn(6, 8)[:, ::2],
                                   lambda: torch.randn(6, 1).expand(6, 5)])
 def test_offloaded_values_come_back_with_sizes_strides_and_dtype(make):
-    from torch_offload.selective import _Offloaded
+    from torch_offload.policies.store import OffloadStore as _Offloaded
 
     value = make().to(torch.float64)
     offloaded = _Offloaded(torch_offload.OffloadManager(), min_bytes=0)
@@ -146,7 +146,7 @@ def test_offloaded_values_come_back_with_sizes_strides_and_dtype(make):
 def test_layouts_seen_before_come_back_alike():
     # The recipe of each layout is worked out once (saved_regions.compact_recipe): a second tensor of
     # the same sizes and strides, and one of the same sizes with other strides, come back exactly.
-    from torch_offload.selective import _Offloaded
+    from torch_offload.policies.store import OffloadStore as _Offloaded
 
     offloaded = _Offloaded(torch_offload.OffloadManager(), min_bytes=0)
     values = [torch.randn(4, 6, 8).transpose(0, 1) for _ in range(2)] + [torch.randn(8, 4, 6).permute(2, 1, 0),
@@ -314,7 +314,7 @@ def test_attention_by_name_leaves_other_threads_sdpa_alone():
 
 
 def test_attention_by_name_warns_when_the_block_does_not_call_sdpa(monkeypatch):
-    from torch_offload import attention_offload
+    from torch_offload.policies import interception as attention_offload
 
     monkeypatch.setattr(attention_offload, "_warned", False)
     sdpa_imported_early = torch._C._nn.scaled_dot_product_attention

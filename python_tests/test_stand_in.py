@@ -11,7 +11,9 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
 import torch_offload
-from torch_offload import attention_offload, nonreentrant, policies
+from torch_offload.checkpointing import nonreentrant
+from torch_offload.policies import interception as attention_offload
+from torch_offload.policies import named as policies
 from conftest import DEVICES
 from test_selective import AttentionBlock
 

@@ -3,24 +3,26 @@
 Ops: torch.ops.offload.offload_save / offload_restore (and offload_pack / offload_pack_filtered /
 offload_unpack, the save hooks' filtered, deduplicated saves); class: torch.classes.offload.OffloadManager.
 """
-from ._library import load_library
-from ._ops import offload_restore, offload_save
-from .activations import offload_activations
-from .apply import OffloadHandle, apply
+from ._engine.library import load_library
+from ._engine.ops import offload_restore, offload_save
+from .handle import OffloadHandle
+from .hooks.offload_hooks import offload_activations
+from .apply import apply
 from .blocks import find_blocks
-from .checkpoint import checkpoint
-from .chunked_loss import chunked_causal_lm_loss
-from .compile import OffloadPartitioner, compile
-from .empty_steps import NothingOffloadedWarning
-from .hf_causal_mask import sdpa_is_causal
-from .hf_logits import detach_logits
-from .layers import LayerOffloadHandle, offload_layers
-from .lm_loss import ChunkedLossHandle, chunk_lm_loss
-from .manager import OffloadManager, default_manager, reset_stats, stats
-from .modules import ModuleOffloadHandle, offload_modules, select_modules
-from .node_budget import gather_stats
-from .selective import selective_offload_contexts
-from .selective import checkpoint as selective_checkpoint
+from .checkpointing.drop_in import checkpoint
+from .loss.chunked_loss import chunked_causal_lm_loss
+from .compiler.compile_model import OffloadPartitioner, compile
+from .hooks.empty_steps import NothingOffloadedWarning
+from .compiler.hf_causal_mask import sdpa_is_causal
+from .compiler.hf_logits import detach_logits
+from .layers.frozen_weights import LayerOffloadHandle, offload_layers
+from .loss.lm_loss import ChunkedLossHandle, chunk_lm_loss
+from ._engine.manager import OffloadManager, default_manager, reset_stats, stats
+from .targets.module_offload import ModuleOffloadHandle, offload_modules
+from .targets.selection import select_modules
+from ._engine.node_budget import gather_stats
+from .modes.selective import selective_checkpoint
+from .policies.per_op import selective_offload_contexts
 
 library_path = load_library()
 

@@ -1,48 +1,79 @@
 """apply(model, mode=...): turns offloading on for a model's blocks (decoder layers).
 
-apply() checks what is common to every mode, turns on layer offloading when asked, and hands the
-rest to the mode's entry point (MODES; one module per mode under torch_offload/modes/).
+apply() does the shared work once: it reads the mode's options (a frozen dataclass per mode,
+modes/), finds and checks the blocks, turns on the chunked loss and layer offloading when asked,
+builds the manager and the handle; the mode then installs what wraps each block (MODES).
 """
+import dataclasses
 from typing import Iterable, Optional
 
 from torch import nn
 
-from .handle import OffloadHandle, blocks_to_wrap
-from .layers import offload_layers
-from .lm_loss import chunk_lm_loss_option
-from .modes.activations_all import apply_all, apply_disk, apply_sync
-from .modes.auto import apply_auto
-from .modes.hidden_states import apply_hidden_states
-from .modes.modules import apply_modules
-from .modes.selective import apply_selective
-from .modes.options import check_options
+from .blocks import blocks_to_wrap
+from .handle import OffloadHandle
+from .layers.frozen_weights import offload_layers
+from .loss.lm_loss import chunk_lm_loss_option
+from .modes.activations import Activations
+from .modes.auto import Auto
+from .modes.hidden_states import HiddenStates
+from .modes.mode import Mode
+from .modes.modules import Modules
+from .modes.options import OptionError, field_names, parse
+from .modes.selective import Selective
 
-# mode name -> apply_<mode>(model, blocks, manager, options) -> OffloadHandle
-MODES = {
-    "hidden_states": apply_hidden_states,
-    "selective": apply_selective,
-    "modules": apply_modules,
-    "all": apply_all,
-    "sync": apply_sync,
-    "disk": apply_disk,
-    "auto": apply_auto,
-}
+
+class _NoActivations(Mode):
+    """mode=None: no activation offloading (layer offloading alone)."""
+
+    name = None
+    wraps_blocks = False
+
+    @dataclasses.dataclass(frozen=True)
+    class options_type:
+        pass
+
+    hints = {"min_bytes": "mode=None offloads no activations; offload_layers takes its own options"}
+
+    def manager_kwargs(self, options, blocks):
+        return None
+
+    def new_handle(self, model, manager, blocks, options) -> OffloadHandle:
+        if manager is not None:
+            raise OptionError("manager is for activation offloading (mode=None has none; offload_layers takes "
+                              "its own)")
+        return OffloadHandle(model, None, None)
+
+    def install(self, handle, blocks, options) -> None:
+        pass
+
+
+def _registry() -> dict:
+    hidden_states, selective = HiddenStates(), Selective()
+    modes = [hidden_states, selective, Activations("all"), Activations("sync"), Activations("disk"), Modules(),
+             Auto(hidden_states, selective)]
+    return {mode.name: mode for mode in modes}
+
+
+# mode name -> Mode
+MODES = _registry()
 # The names axolotl and TRL configs use.
 ALIASES = {True: "all", "true": "all", "legacy": "sync"}
+_NONE = _NoActivations()
+# Which modes take each option (for "x is an option of mode='selective'").
+_TAKEN_BY = {}
+for _mode in MODES.values():
+    for _name in field_names(_mode.options_type):
+        _TAKEN_BY.setdefault(_name, []).append(_mode.name)
 
 
-def _no_activation_offloading(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
-    check_options(None, options, None, (), {name: "mode=None offloads no activations; offload_layers "
-                                                   "takes its own options" for name in options})
-    if manager is not None:
-        raise ValueError("torch_offload.apply: manager is for activation offloading (mode=None has "
-                         "none; offload_layers takes its own)")
-    return OffloadHandle(model, None, None)
+class _DefaultMode(str):
+    """The default of apply(mode=): a str, told apart from a mode the user wrote (errors then say
+    which mode apply() used)."""
 
 
 def apply(
     model: nn.Module,
-    mode="hidden_states",
+    mode=_DefaultMode("hidden_states"),
     blocks: Optional[Iterable[nn.Module]] = None,
     manager=None,
     *,
@@ -54,84 +85,71 @@ def apply(
 
     mode="hidden_states": each block runs under torch_offload.checkpoint while the model is training
     and grad is enabled: its input (the hidden states) moves to pinned host memory during forward
-    and comes back, prefetched, when backward recomputes the block. Every block input is offloaded
-    whatever its size (no min_bytes).
-
-    mode="all" (alias "true", or True) / "sync" (alias "legacy") / "disk": the activations that
-    autograd saves inside every block but the last are offloaded (see offload_activations);
-    parameters, buffers, the last block and everything after it (the LM head) stay on the GPU, and
-    so do saved tensors under `min_bytes` (default 1 MiB: on a small model that can be all of them;
-    a training step that offloads nothing warns once, NothingOffloadedWarning). "disk" writes to
-    `disk_dir` (default: a torch_offload directory under the system's temp dir).
-
+    and comes back, prefetched, when backward recomputes the block.
     mode="selective": like "hidden_states", and inside each block the op outputs a policy names
     (policy="attention": the fused attention outputs and logsumexp; "attention+qkv+out_proj" and
-    other projection groups: also those Linear products; or torch_offload.policies / a torch
-    policy function) are offloaded too and not recomputed in backward; outputs under min_bytes
-    (default 64 KiB) stay on the device. A group prefixed "keep_" ("attention+qkv+keep_fc1") keeps
-    its products on the device instead (neither copied nor recomputed).
-
-    mode="modules": only the activations saved inside the submodules `targets` (name patterns
-    such as "*.self_attn" or module classes) and `presets` (named module groups such as "qkv",
-    "core_attn": see torch_offload.module_presets) select are offloaded; handle.report() gives the
-    bytes expected and freed (see offload_modules). Takes min_bytes like "all".
-
-    mode="auto": the first training steps try hidden_states, the selective policies "attention" and
-    "attention+qkv+out_proj", and torch's checkpointing (trial_steps=3 each) and keep the fastest whose peak
-    allocated memory fits memory_budget_gb (default: checkpointing's measured peak); where the budget
-    leaves room, further trials keep saves on the GPU, leave the last blocks unchecked, or have them
-    keep their MLP's up/gate products (modes/auto.py); handle.plan / handle.explain().
-
+    other projection groups; a torch policy function) are offloaded instead of recomputed.
+    mode="auto": the first training steps try hidden_states, the selective policies and torch's
+    checkpointing, and keep the fastest whose peak memory fits memory_budget_gb (handle.explain()).
+    mode="all" (alias "true", or True) / "sync" (alias "legacy") / "disk": the activations that
+    autograd saves inside every block but the last are offloaded, nothing is recomputed.
+    mode="modules": only the activations saved inside the submodules `targets` / `presets` select.
     mode=None: no activation offloading (with layer_offloading=True: layer offloading only).
 
-    layer_offloading=True: the frozen weights of every block also live in host memory and are
-    brought to the GPU only while the block runs (see offload_layers); handle.layers.stats().
+    The keyword options are the fields of the mode's options (torch_offload.modes:
+    HiddenStatesOptions, SelectiveOptions, AutoOptions, ActivationsOptions, ModulesOptions); an
+    option the mode does not take is a TypeError naming it and the mode.
 
-    chunked_loss=True (or a number of tokens per chunk, default 2048): a Hugging Face causal LM
-    trained with labels computes its loss over chunks of tokens without materialising the logits,
-    and returns logits=None (see chunk_lm_loss); handle.chunked_loss. A dict passes chunk_lm_loss's
-    keywords: {"grads_in_forward": True} also computes the loss's gradients in the forward (no
-    second pass over the logits in backward; one backward per forward).
+    blocks: the modules to wrap (default: the decoder layers of a Hugging Face model, PEFT-wrapped
+    too, find_blocks). manager: a ready OffloadManager instead of the options that build one.
+    layer_offloading=True: the frozen weights of every block live in host memory and visit the GPU
+    only while the block runs (offload_layers); handle.layers.
+    chunked_loss=True (or a number of tokens per chunk, or a dict of chunk_lm_loss's keywords): a
+    Hugging Face causal LM trained with labels computes its loss over chunks of tokens without
+    materialising the logits (chunk_lm_loss); handle.chunked_loss.
 
-    `blocks` defaults to the decoder layers of a Hugging Face model (Llama, Qwen, Mistral and
-    similar, PEFT-wrapped too); pass any list of modules for other models. `manager` defaults to
-    a new OffloadManager built from the options max_in_flight, prefetch_depth, host_budget_bytes
-    (and disk_dir). Options by mode:
-      hidden_states:          max_in_flight, prefetch_depth, host_budget_bytes, disk_dir, use_reentrant
-      selective:              policy (or block_policies: one per block), min_bytes, and the options
-                              of "hidden_states"
-      all / sync / disk:      min_bytes, max_in_flight, prefetch_depth, host_budget_bytes, disk_dir
-      modules:                targets, presets, and the options of "all"
-      auto:                   memory_budget_gb, trial_steps, candidates, max_in_flight, host_budget_bytes,
-                              use_reentrant
-    use_reentrant=True: our reentrant checkpoint (reentrant.py: cheaper on the host; gradients
-    through .backward() only).
-    An option the mode does not take raises TypeError naming it.
-
-    On a Hugging Face model apply() turns the model's own gradient checkpointing off and, in
-    hidden_states mode, sets config.use_cache=False (with a warning); remove() restores both.
+    On a Hugging Face model apply() turns the model's own gradient checkpointing off and, in the
+    checkpointing modes, sets config.use_cache=False (with a warning); remove() restores both.
     """
     name = ALIASES.get(mode, mode) if isinstance(mode, (str, bool)) else mode
     if name is not None and name not in MODES:
         names = tuple(MODES) + tuple(k for k in ALIASES if isinstance(k, str))
         raise ValueError(f"torch_offload.apply: unknown mode {mode!r}; expected one of {names} or None")
-    entry = MODES[name] if name is not None else _no_activation_offloading
+    spec = MODES[name] if name is not None else _NONE
+    if type(mode) is _DefaultMode:
+        call, said = "torch_offload.apply()", f"mode={name!r} (the default)"
+    else:
+        call = said = f"mode={mode!r}"
+        call = f"torch_offload.apply({call})"
     for default_none in ("targets", "presets"):
         if default_none in options and options[default_none] is None:
             del options[default_none]  # the default, written out
-    blocks = list(blocks) if blocks is not None else None
-    layers = loss = None
-    if chunked_loss is not False and chunked_loss is not None:  # the LM head and loss, not the blocks
-        loss = chunk_lm_loss_option(model, chunked_loss)
+    opts = parse(spec.options_type, options, call, said, spec.hints, _TAKEN_BY)
+    clashing = [key for key in options if key in spec.manager_keywords()]
+    if manager is not None and clashing:
+        raise ValueError(f"{call}: pass either manager= or the options that build one ({', '.join(clashing)}), "
+                         "not both")
+    if spec.wraps_blocks or layer_offloading:
+        blocks = blocks_to_wrap(model, blocks)
+    elif blocks is not None:
+        blocks = list(blocks)
+    layers = loss = handle = None
     try:
+        if chunked_loss is not False and chunked_loss is not None:  # the LM head and loss, not the blocks
+            loss = chunk_lm_loss_option(model, chunked_loss)
         # Layer offloading goes innermost: its weights must be on the device inside the checkpoint's
         # recompute and inside activation hooks.
         if layer_offloading:
-            blocks = blocks_to_wrap(model, blocks)
             layers = offload_layers(model, blocks)
-        handle = entry(model, blocks, manager, options)
+        try:
+            if manager is None:
+                manager = spec.build_manager(opts, blocks)
+            handle = spec.new_handle(model, manager, blocks, opts)
+        except OptionError as error:
+            raise error.kind(f"{call}: {error}") from None
+        spec.install(handle, blocks, opts)
     except Exception:
-        for undo in (layers, loss):
+        for undo in (handle, layers, loss):
             if undo is not None:
                 undo.remove()
         raise

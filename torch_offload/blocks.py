@@ -1,4 +1,5 @@
-"""Finding a model's repeated blocks (the decoder layers), and the forwards we install on them."""
+"""Finding a model's repeated blocks (the decoder layers) and checking the ones a user names, and the
+forwards we install on them."""
 from typing import List
 
 import torch
@@ -32,6 +33,20 @@ def find_blocks(model: nn.Module) -> List[nn.Module]:
         + ", ".join(_HF_LAYER_PATHS)
         + "); pass them explicitly with blocks=[...]"
     )
+
+
+def blocks_to_wrap(model: nn.Module, blocks) -> List[nn.Module]:
+    """`blocks` (default: the model's decoder layers, find_blocks), checked: not empty, not wrapped
+    already by apply(), listed once."""
+    blocks = list(blocks) if blocks is not None else find_blocks(model)
+    if not blocks:
+        raise ValueError("torch_offload.apply: blocks is empty")
+    if any("_torch_offload_handle" in block.__dict__ for block in blocks):
+        raise ValueError("torch_offload.apply: a block is already wrapped; call remove() first")
+    if len({id(block) for block in blocks}) != len(blocks):
+        # Wrapping one module twice would nest the wrappers, and remove() would leave one behind.
+        raise ValueError("torch_offload.apply: blocks lists the same module more than once")
+    return blocks
 
 
 class BlockForward(NotPicklable):

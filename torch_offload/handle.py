@@ -5,7 +5,8 @@ from typing import List
 
 from torch import nn
 
-from .blocks import BlockForward, find_blocks, set_forward
+from ._engine.manager import stats as manager_stats
+from .blocks import BlockForward, set_forward
 from .copies import NotPicklable, copy_attributes
 
 
@@ -41,9 +42,7 @@ class OffloadHandle(NotPicklable):
     def stats(self) -> dict:
         """Statistics of the activation manager merged with its saved-tensor hooks' counters
         (torch_offload.stats(manager)); layer offloading: `layers.stats()`."""
-        from .manager import stats
-
-        return stats(self.manager) if self.manager is not None else {}
+        return manager_stats(self.manager) if self.manager is not None else {}
 
     def report(self) -> dict:
         """modules mode: bytes the last forward offloaded and freed (see offload_modules)."""
@@ -100,16 +99,3 @@ class OffloadHandle(NotPicklable):
         # Marks the block as wrapped. Weak: a deep copy of one block must not copy the handle and
         # through it the whole model (the copied block keeps a dead or foreign mark: still wrapped).
         wrapper.block._torch_offload_handle = weakref.ref(self)
-
-
-def blocks_to_wrap(model: nn.Module, blocks) -> List[nn.Module]:
-    """`blocks` (default: the model's decoder layers), checked: not empty, not wrapped already."""
-    blocks = list(blocks) if blocks is not None else find_blocks(model)
-    if not blocks:
-        raise ValueError("torch_offload.apply: blocks is empty")
-    if any("_torch_offload_handle" in block.__dict__ for block in blocks):
-        raise ValueError("torch_offload.apply: a block is already wrapped; call remove() first")
-    if len({id(block) for block in blocks}) != len(blocks):
-        # Wrapping one module twice would nest the wrappers, and remove() would leave one behind.
-        raise ValueError("torch_offload.apply: blocks lists the same module more than once")
-    return blocks

@@ -11,7 +11,7 @@ import time
 import torch
 
 GB = 1e9
-# DESIGN.md's reference model (1.26B) and the Llama-3-8B shape; TINY for CPU smoke runs.
+# The reference model (1.26B, docs/performance.md) and the Llama-3-8B shape; TINY for CPU smoke runs.
 REFERENCE = dict(layers=24, hidden=2048, intermediate=5632, heads=16, kv_heads=8, vocab=32000)
 LLAMA3_8B = dict(layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, vocab=128256)
 TINY = dict(layers=3, hidden=128, intermediate=256, heads=4, kv_heads=2, vocab=512)
@@ -120,3 +120,21 @@ def pinned_bandwidth(nbytes: int = 1 << 30, repeats: int = 3) -> dict:
     del host, dev
     release_memory("cuda")
     return out
+
+
+def add_link_utilisation(row: dict, bandwidth: dict) -> None:
+    """Link utilisation of a run of ours per direction: bytes copied / (step time x the link's
+    measured bandwidth, `bandwidth` as pinned_bandwidth() returns it)."""
+    for direction, moved in (("d2h", row.get("to_host_MB")), ("h2d", row.get("to_device_MB"))):
+        if moved is not None and row.get("step_s"):
+            seconds_needed = moved * 2**20 / (bandwidth[direction + "_GBps"] * GB)
+            row[direction + "_link_use"] = seconds_needed / row["step_s"]
+
+
+def add_ratios(rows: list) -> None:
+    """x_checkpointing: tokens/s over the checkpointing run's at the same sequence length."""
+    baseline = {r["seq"]: r["tokens_per_s"] for r in rows
+                if r["variant"] == "checkpointing" and "tokens_per_s" in r}
+    for r in rows:
+        if r["seq"] in baseline and "tokens_per_s" in r:
+            r["x_checkpointing"] = r["tokens_per_s"] / baseline[r["seq"]]

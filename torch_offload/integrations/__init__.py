@@ -5,10 +5,25 @@ models prepared by accelerate, and the values axolotl and TRL configs use for th
     torch_offload.integrations.enable(trainer, "all", min_bytes=0)      # or on a built trainer
     handle = torch_offload.integrations.apply_prepared(accelerator.prepare(model), "hidden_states")
 
-Importing this package imports transformers (for TrainerCallback); `import torch_offload` does not.
+The names are loaded on first use: OffloadCallback and enable import transformers (for
+TrainerCallback); `import torch_offload.integrations` alone does not.
 """
-from .accelerate_model import apply_prepared, unwrap
-from .config import from_config
-from .hf_trainer import OffloadCallback, enable
+import importlib
+
+_WHERE = {"OffloadCallback": "hf_trainer", "enable": "hf_trainer", "apply_prepared": "accelerate_model",
+          "unwrap": "accelerate_model", "from_config": "config"}
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'torch_offload.integrations' has no attribute {name!r}")
+    value = getattr(importlib.import_module("." + _WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_WHERE))
+
 
 __all__ = ["OffloadCallback", "apply_prepared", "enable", "from_config", "unwrap"]

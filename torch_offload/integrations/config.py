@@ -1,7 +1,7 @@
 """The values trainer configs use for activation offloading, as apply() arguments.
 
 axolotl: `activation_offloading: true | legacy | disk | hidden_states` (and false / absent), plus
-`layer_offloading: true`; TRL: `activation_offloading=True`. Mapped as DESIGN.md names our modes:
+`layer_offloading: true`; TRL: `activation_offloading=True`. Mapped to our modes:
 true -> "all", legacy -> "sync", disk -> "disk", hidden_states -> "hidden_states".
 """
 from typing import Optional

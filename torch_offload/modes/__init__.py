@@ -1,9 +1,14 @@
-"""One module per apply() mode. Each exposes one entry point
+"""The values of apply(mode=...), one module each: a mode's options (a frozen dataclass whose fields
+are apply()'s keyword options in that mode) and what it installs on a model (mode.py: Mode).
 
-    apply_<mode>(model, blocks, manager, options) -> OffloadHandle
-
-`blocks`: the list the user passed, or None (the mode finds the decoder layers when it needs them,
-with handle.blocks_to_wrap); `manager`: the user's OffloadManager or None; `options`: the other
-keyword arguments the user gave apply(), as a dict. apply.py maps mode names to entry points
-(MODES); a new mode is a new module here plus one line there.
+hidden_states.py and selective.py checkpoint each block with a wrapper of their own; activations.py
+("all", "sync", "disk") and modules.py install saved-tensor hooks; auto/ composes the wrappers of the
+checkpointing modes and measures them. apply.py maps the names to the modes.
 """
+from .auto import AutoOptions
+from .modules import ModulesOptions
+from .options import ActivationsOptions, HiddenStatesOptions, ManagerOptions
+from .selective import SelectiveOptions
+
+__all__ = ["ActivationsOptions", "AutoOptions", "HiddenStatesOptions", "ManagerOptions", "ModulesOptions",
+           "SelectiveOptions"]

@@ -1,36 +1,17 @@
-"""mode="hidden_states": each block runs under torch_offload.checkpoint (its input goes to host
-memory, the block is recomputed in backward from the prefetched input). use_reentrant=True: our
-reentrant variant of the checkpoint (reentrant.py)."""
+"""mode="hidden_states": each block runs under torch_offload.checkpoint: its input (the hidden states)
+goes to pinned host memory during forward and comes back, prefetched, when backward recomputes the
+block. Every block input is offloaded whatever its size."""
 from torch import nn
 
 from ..blocks import BlockForward
-from ..checkpoint import checkpoint
-from ..first_restores import prefetch_first_restores
-from ..handle import OffloadHandle, blocks_to_wrap
-from ..manager import OffloadManager
-from .options import MANAGER_OPTIONS, check_options, check_use_reentrant
-
-# Every block input is offloaded, whatever its size.
-_WHY = {"min_bytes": "mode='hidden_states' offloads each block's input whatever its size; min_bytes "
-                     "is for modes 'all', 'sync', 'disk' and 'modules'"}
+from ..checkpointing.drop_in import checkpoint
+from .mode import CheckpointMode
+from .options import HiddenStatesOptions
 
 
-def apply_hidden_states(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
-    check_options("hidden_states", options, manager, MANAGER_OPTIONS + ("use_reentrant",), _WHY)
-    options = dict(options)
-    use_reentrant = check_use_reentrant("hidden_states", options.pop("use_reentrant", False))
-    blocks = blocks_to_wrap(model, blocks)
-    manager = manager if manager is not None else OffloadManager(**options)
-    handle = OffloadHandle(model, "hidden_states", manager)
-    for block in blocks:
-        handle.wrap(_CheckpointedForward(block, manager, use_reentrant))
-    handle.disable_hf_checkpointing()  # ours replaces it (twice would recompute twice)
-    handle.disable_kv_cache()
-    prefetch_first_restores(handle)  # the last block's saves, during the LM head's backward
-    return handle
+class CheckpointedForward(BlockForward):
+    """A block's forward under torch_offload.checkpoint while training with grad enabled."""
 
-
-class _CheckpointedForward(BlockForward):
     def __init__(self, block: nn.Module, manager, use_reentrant: bool = False):
         super().__init__(block)
         self.manager, self.use_reentrant = manager, use_reentrant
@@ -39,3 +20,16 @@ class _CheckpointedForward(BlockForward):
         if self.training_with_grad():
             return checkpoint(self.run, *args, manager=self.manager, use_reentrant=self.use_reentrant, **kwargs)
         return self.run(*args, **kwargs)
+
+
+class HiddenStates(CheckpointMode):
+    name = "hidden_states"
+    options_type = HiddenStatesOptions
+    hints = {"min_bytes": "mode='hidden_states' offloads each block's input whatever its size; min_bytes "
+                          "is for modes 'all', 'sync', 'disk' and 'modules'"}
+
+    def manager_keywords(self) -> tuple:
+        return super().manager_keywords() + ("disk_only",)
+
+    def wrappers(self, blocks, manager, options: HiddenStatesOptions):
+        return [CheckpointedForward(block, manager, options.use_reentrant) for block in blocks]

@@ -1,65 +1,137 @@
-"""mode="selective": each block runs under torch_offload.selective_checkpoint: its input goes to
-host memory, the op outputs the policy offloads (default "attention": the fused attention outputs)
-are offloaded instead of recomputed, and the rest of the block is recomputed in backward.
-block_policies= gives each block its own policy."""
+"""mode="selective": each block is checkpointed with a selective offload policy: its input goes to
+host memory as in "hidden_states", the op outputs the policy offloads (default "attention": the fused
+attention outputs and their logsumexp) are offloaded instead of recomputed, and the rest of the block
+is recomputed in backward. selective_checkpoint() is the same for one call.
+
+The named policies ("attention", "attention+qkv+out_proj", ...) intercept only the calls that matter
+(policies/interception.py); a policy function takes the per-op path (policies/per_op.py).
+"""
+import dataclasses
+import functools
+from typing import Optional
+
 from torch import nn
 
+from .._engine.manager import default_manager
 from ..blocks import BlockForward
-from ..first_restores import prefetch_first_restores
-from ..handle import OffloadHandle, blocks_to_wrap
-from ..manager import OffloadManager
-from ..attention_offload import is_fast_policy, saves_per_block
-from ..policies import SAVES_PER_BLOCK, resolve
-from ..selective import DEFAULT_MIN_BYTES
-from ..selective import checkpoint as selective_checkpoint
-from .options import MANAGER_OPTIONS, check_options, check_use_reentrant
+from ..checkpointing.drop_in import checkpoint
+from ..checkpointing.reentrant import reentrant_checkpoint
+from ..policies.interception import attention_offload_contexts
+from ..policies.named import SAVES_PER_BLOCK, resolve
+from ..policies.per_op import selective_offload_contexts
+from ..policies.projections import is_fast_policy, projection_groups, projection_weights, saves_per_block, split_kept
+from ..policies.store import DEFAULT_MIN_BYTES, KeptStore, OffloadStore
+from .mode import CheckpointMode
+from .options import HiddenStatesOptions, OptionError, check_int
+
+_TORCH_KEYWORDS = ("preserve_rng_state", "determinism_check", "debug", "early_stop")
 
 
-def apply_selective(model: nn.Module, blocks, manager, options: dict) -> OffloadHandle:
-    check_options("selective", options, manager,
-                  MANAGER_OPTIONS + ("policy", "block_policies", "min_bytes", "use_reentrant"))
-    options = dict(options)
-    use_reentrant = check_use_reentrant("selective", options.pop("use_reentrant", False))
-    if "policy" in options and "block_policies" in options:
-        raise ValueError("torch_offload.apply(mode='selective'): pass policy= (every block) or block_policies= "
-                         "(one per block), not both")
-    block_policies = options.pop("block_policies", None)
-    policy = options.pop("policy", "attention")
-    for named in block_policies if isinstance(block_policies, (list, tuple)) else [policy]:
-        _check_policy(named, use_reentrant)  # now, not at the first forward
-    blocks = blocks_to_wrap(model, blocks)
-    if block_policies is None:
-        block_policies = [policy] * len(blocks)
-    elif not isinstance(block_policies, (list, tuple)) or len(block_policies) != len(blocks):
-        length = len(block_policies) if isinstance(block_policies, (list, tuple)) else type(block_policies).__name__
-        raise ValueError(f"torch_offload.apply(mode='selective'): block_policies has {length} entries for "
-                         f"{len(blocks)} blocks; give one policy per block, in the blocks' order")
-    min_bytes = options.pop("min_bytes", DEFAULT_MIN_BYTES)
-    # Fails now for a block without its policy's projections. Backward prefetches the next block's
-    # saves, so that it never waits on their copies.
-    saves = max(saves_per_block(policy, block) if is_fast_policy(policy) else SAVES_PER_BLOCK
-                for block, policy in zip(blocks, block_policies))
-    options.setdefault("prefetch_depth", saves)
-    manager = manager if manager is not None else OffloadManager(**options)
-    handle = OffloadHandle(model, "selective", manager)
-    for block, policy in zip(blocks, block_policies):
-        handle.wrap(_SelectiveForward(block, manager, policy, min_bytes, use_reentrant))
-    handle.disable_hf_checkpointing()  # ours replaces it (twice would recompute twice)
-    handle.disable_kv_cache()
-    prefetch_first_restores(handle)  # the last block's saves, during the LM head's backward
-    return handle
+def selective_checkpoint(function, *args, policy="attention", manager=None, min_bytes=DEFAULT_MIN_BYTES,
+                         block=None, use_reentrant=False, **kwargs):
+    """torch_offload.checkpoint (the first tensor input offloaded, the block recomputed in backward)
+    with a selective offload policy inside the block; other keywords as in torch_offload.checkpoint.
+
+    The named policies "attention" and "attention+<group>+..." ("attention_qkv" is "attention+qkv")
+    intercept only the calls that matter; projection groups need the block's module, to find its
+    projections: `function` itself when it is an nn.Module, else `block=`. A policy function takes
+    the per-op path (dispatch modes). min_bytes: smaller outputs stay on the device.
+    use_reentrant=True: the reentrant variant (cheaper on the host, gradients through .backward()
+    only), for the named policies."""
+    if "context_fn" in kwargs:
+        raise ValueError("torch_offload.selective_checkpoint: pass policy=, not context_fn=")
+    manager = manager if manager is not None else default_manager()
+    fast = is_fast_policy(policy)
+    if use_reentrant and not fast:
+        raise ValueError(f"torch_offload.selective_checkpoint: use_reentrant=True takes the named policies "
+                         f"('attention', 'attention+qkv', ...), got policy={policy!r} (a policy function needs "
+                         "use_reentrant=False)")
+    if fast:  # intercepted calls, not a mode per op
+        weights = kept_weights = ()
+        groups = projection_groups(policy)
+        if groups:
+            block = block if block is not None else function
+            if not isinstance(block, nn.Module):
+                raise ValueError(f"torch_offload.selective_checkpoint(policy={policy!r}): pass the block as "
+                                 "`function` (an nn.Module) or as block=, to find its projections")
+            offloaded_groups, kept_groups = split_kept(groups)
+            weights = projection_weights(block, offloaded_groups)
+            kept_weights = projection_weights(block, kept_groups)
+        store = OffloadStore(manager, min_bytes, finish_at_end=True)
+        context_fn = functools.partial(attention_offload_contexts, store, weights,
+                                       KeptStore(manager) if kept_weights else None, kept_weights)
+    else:
+        store = None  # made per call by selective_offload_contexts
+        context_fn = functools.partial(selective_offload_contexts, policy, manager, min_bytes)
+    if use_reentrant:
+        # torch's keywords, as torch's reentrant checkpoint takes them (debug is refused, the rest ignored).
+        options = {name: kwargs.pop(name) for name in _TORCH_KEYWORDS if name in kwargs}
+        if options.get("debug"):
+            raise ValueError("torch_offload.selective_checkpoint: debug= is only taken with use_reentrant=False")
+        output = reentrant_checkpoint(function, args, kwargs, manager, options.get("preserve_rng_state", True),
+                                      scopes=context_fn)
+    else:
+        output = checkpoint(function, *args, context_fn=context_fn, manager=manager, **kwargs)
+    if store is not None:
+        store.finish_saves()
+    return output
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectiveOptions(HiddenStatesOptions):
+    """Options of mode="selective": those of "hidden_states", and
+
+    policy: which op outputs of a block are offloaded (None: "attention"): "attention" (the fused
+        attention outputs and logsumexp), "attention+<group>+..." (also the products of projection groups qkv, out_proj,
+        fc1, fc2; "keep_<group>" keeps a group's products on the device), "attention_save" (kept on
+        the device, torch's selective checkpointing), a list of ops to keep, or a torch policy
+        function.
+    block_policies: one policy per block, in the blocks' order, instead of `policy`.
+    min_bytes: smaller outputs stay on the device (default 64 KiB).
+    prefetch_depth: saves copied back ahead of need in backward (default: one block's saves).
+    """
+
+    prefetch_depth: Optional[int] = None
+    policy: object = None
+    block_policies: Optional[list] = None
+    min_bytes: int = DEFAULT_MIN_BYTES
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_int("min_bytes", self.min_bytes)
+        if self.policy is not None and self.block_policies is not None:
+            raise OptionError("pass policy= (every block) or block_policies= (one per block), not both")
+        for policy in self.block_policies if isinstance(self.block_policies, (list, tuple)) else [self.policy_name]:
+            _check_policy(policy, self.use_reentrant)  # now, not at the first forward
+
+    @property
+    def policy_name(self):
+        return self.policy if self.policy is not None else "attention"
+
+    def policies_for(self, blocks) -> list:
+        """One policy per block."""
+        if self.block_policies is None:
+            return [self.policy_name] * len(blocks)
+        if not isinstance(self.block_policies, (list, tuple)) or len(self.block_policies) != len(blocks):
+            length = (len(self.block_policies) if isinstance(self.block_policies, (list, tuple))
+                      else type(self.block_policies).__name__)
+            raise OptionError(f"block_policies has {length} entries for {len(blocks)} blocks; give one policy "
+                              "per block, in the blocks' order")
+        return list(self.block_policies)
 
 
 def _check_policy(policy, use_reentrant: bool) -> None:
     fast = is_fast_policy(policy)  # raises for a bad projection group
     if use_reentrant and not fast:
-        raise ValueError(f"torch_offload.apply(mode='selective'): use_reentrant=True takes the named policies "
-                         f"('attention', 'attention+fc2', ...), got policy={policy!r}")
+        raise OptionError(f"use_reentrant=True takes the named policies ('attention', 'attention+fc2', ...), "
+                          f"got policy={policy!r}")
     if not fast:
         resolve(policy, "torch_offload.apply(mode='selective')")
 
 
-class _SelectiveForward(BlockForward):
+class SelectiveForward(BlockForward):
+    """A block's forward under selective_checkpoint while training with grad enabled."""
+
     def __init__(self, block: nn.Module, manager, policy, min_bytes: int, use_reentrant: bool = False):
         super().__init__(block)
         self.manager, self.policy, self.min_bytes, self.use_reentrant = manager, policy, min_bytes, use_reentrant
@@ -71,3 +143,23 @@ class _SelectiveForward(BlockForward):
                                         use_reentrant=self.use_reentrant, **kwargs)
         return self.run(*args, **kwargs)
 
+
+class Selective(CheckpointMode):
+    name = "selective"
+    options_type = SelectiveOptions
+
+    def manager_keywords(self) -> tuple:
+        return super().manager_keywords() + ("disk_only",)
+
+    def manager_kwargs(self, options: SelectiveOptions, blocks) -> dict:
+        kwargs = options.manager_kwargs()
+        if options.prefetch_depth is None:
+            # Backward prefetches the next block's saves, so that it never waits on their copies (this
+            # also fails now for a block without its policy's projections).
+            kwargs["prefetch_depth"] = max(saves_per_block(policy, block) if is_fast_policy(policy) else SAVES_PER_BLOCK
+                                           for block, policy in zip(blocks, options.policies_for(blocks)))
+        return kwargs
+
+    def wrappers(self, blocks, manager, options: SelectiveOptions):
+        return [SelectiveForward(block, manager, policy, options.min_bytes, options.use_reentrant)
+                for block, policy in zip(blocks, options.policies_for(blocks))]

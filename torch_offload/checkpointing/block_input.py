@@ -1,0 +1,32 @@
+"""A checkpointed block's first tensor input (its hidden states) in host memory: saved when the block
+runs, restored for its recompute. Shared by both checkpoint variants (drop_in.py, reentrant.py).
+A DTensor input (sequence or context parallel hidden states) is offloaded as its local shard and
+rebuilt as the same DTensor, without communication (_engine/dtensors.py)."""
+import torch
+
+from .._engine import node_budget
+from .._engine.dispatch_modes import outside_dispatch_modes
+from .._engine.dtensors import join_local, split_local
+
+
+class OffloadedInput:
+    """The host handle of one block input, and what restores it as it was."""
+
+    __slots__ = ("handle", "device", "dtensor_spec", "requires_grad", "manager_id")
+
+    def __init__(self, x: torch.Tensor, manager_id: int):
+        local, self.dtensor_spec = split_local(x.detach())
+        try:
+            self.handle = torch.ops.offload.offload_save(local, manager_id)
+        except RuntimeError as error:
+            node_budget.name_in_error(error, manager_id)
+            raise
+        self.device, self.requires_grad, self.manager_id = local.device, x.requires_grad, manager_id
+
+    def restore(self) -> torch.Tensor:
+        """The input again, on its device, a leaf that requires grad as the original did. Outside
+        any dispatch mode of the recompute (a selective checkpointing policy's): the restore is ours,
+        not an op of the user's function."""
+        with outside_dispatch_modes():
+            restored = torch.ops.offload.offload_restore(self.handle, self.device, self.manager_id)
+            return join_local(restored, self.dtensor_spec).requires_grad_(self.requires_grad)
