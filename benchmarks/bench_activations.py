@@ -2,7 +2,7 @@
 """Benchmark and checks of torch_offload's `all`, `sync` and `disk` modes (every saved activation
 offloaded, no recompute) against no offloading and torch.autograd.graph.save_on_cpu.
 
-One process, one random-init LlamaForCausalLM (reference config of DESIGN.md, bf16, SDPA, batch 1):
+One process, one random-init LlamaForCausalLM (the reference shape, bf16, SDPA, batch 1):
   0. variants: none, save_on_cpu, ours (all, sync, disk, modules; MODE:auto with the link budget,
      keep_on_device_bytes="auto", MODE:GB with that many GB kept on the GPU) and trl (TRL's OffloadActivations, what
      SFTConfig(activation_offloading=True) runs; needs trl installed; hooks the model, so last);
@@ -20,8 +20,10 @@ One process, one random-init LlamaForCausalLM (reference config of DESIGN.md, bf
   4. a soak of --soak-steps steps in `all` mode: GPU allocated/reserved and pinned host memory after
      every step, which must stay flat after the first steps.
 
+Writes <out>/activations_<gpu>.json and .md (without --out, into a new temporary folder).
+
 GPU:       python3 benchmarks/bench_activations.py --out DIR
-CPU smoke: python benchmarks/bench_activations.py --device cpu --tiny --soak-steps 5
+CPU smoke: python benchmarks/bench_activations.py --device cpu --tiny --soak-steps 5 --out DIR
 """
 import argparse
 import json
@@ -35,7 +37,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
 from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, flat_grads, log,  # noqa: E402
-                               new_result, pinned_bandwidth, release_memory, short_gpu_name, sync, table, timed_steps)
+                               new_result, output_dir, pinned_bandwidth, release_memory, short_gpu_name, sync,
+                               table, timed_steps)
 
 OURS = ("all", "sync", "disk")
 NOISE_CHECKED = OURS + ("modules",)  # "modules": modules mode with targets *.self_attn
@@ -227,7 +230,7 @@ def markdown(result):
 
 
 def against_trl(runs) -> list:
-    """Issue 13's targets where `all` and TRL ran at one length: step <= 0.9x and peak <= 0.7x TRL's."""
+    """The targets against TRL where `all` and TRL ran at one length: step <= 0.9x and peak <= 0.7x TRL's."""
     lines = []
     by = {(r["variant"], r["seq"]): r for r in runs if "step_s" in r}
     for (variant, seq), trl in sorted(by.items()):
@@ -250,8 +253,7 @@ def main():
     if args.device == "cuda":
         result["bandwidth"] = pinned_bandwidth()
         log("bandwidth", result["bandwidth"])
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(args)
     model = build_model(args)
 
     def write():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""torch.compile benchmark on the reference model (DESIGN.md; bf16, SDPA, batch 1), one process,
+"""torch.compile benchmark on the reference model (bf16, SDPA, batch 1), one process,
 per sequence length. Variants:
   ckpt_eager       eager torch gradient checkpointing (for scale)
   ckpt_compiled    torch.compile of the model under torch's gradient checkpointing (the baseline)
@@ -30,11 +30,14 @@ Compile times are comparable between variants: before the first variant a small 
 compiles from empty caches (its own inductor and Triton cache directories, caches force-disabled), so
 no variant reuses kernels another compiled.
 
-GPU:       python3 benchmarks/bench_compile.py --out DIR
-CPU smoke: python benchmarks/bench_compile.py --device cpu --tiny
 With --noise-seq N, each variant's gradients at N tokens are first compared with eager checkpointing's
 (relative L2 error), beside the noise floor of eager checkpointing against itself and against no
 checkpointing.
+
+Writes <out>/compile_<gpu>.json and .md (without --out, into a new temporary folder).
+
+GPU:       python3 benchmarks/bench_compile.py --out DIR
+CPU smoke: python benchmarks/bench_compile.py --device cpu --tiny --out DIR
 """
 import argparse
 import contextlib
@@ -52,10 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
 from torch.utils.checkpoint import create_selective_checkpoint_contexts  # noqa: E402
 from torch_offload import policies  # noqa: E402
-from benchmarks.peak_memory import timeline  # noqa: E402
 from benchmarks.common import (GB, REFERENCE, add_run_args, apply_hf_options, build_llama,  # noqa: E402
-                               finish_run_args, flat_grads, new_result, release_memory, short_gpu_name,
-                               split_hf_options, sync, table, timed_steps)
+                               finish_run_args, flat_grads, memory_timeline, new_result, output_dir,
+                               release_memory, short_gpu_name, split_hf_options, sync, table, timed_steps)
 
 TINY = dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=256)
 
@@ -171,7 +173,7 @@ def measure(args, variant, seq, model, step_model, ids):
             baseline = torch.cuda.memory_allocated()
             torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
             step()
-            row["timeline_GB"] = timeline(torch.cuda.memory._snapshot(), baseline)
+            row["timeline_GB"] = memory_timeline(torch.cuda.memory._snapshot(), baseline)
             torch.cuda.memory._record_memory_history(enabled=None)
         if manager is not None:
             stats = dict(manager.stats())
@@ -265,8 +267,7 @@ def main():
     args = parse_args()
     result = new_result(args, summary=[])
     name = short_gpu_name(args.device)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(args)
     t0 = time.time()
 
     def write():

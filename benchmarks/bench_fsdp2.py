@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """torch_offload under FSDP2 (fully_shard), one process per GPU, launched with torchrun.
 
-Model: DESIGN.md's reference Llama (or --shape llama3_8b), random init, bf16 on CUDA (fp32 on CPU),
+Model: the reference Llama (or --shape llama3_8b), random init, bf16 on CUDA (fp32 on CPU),
 SDPA, batch 1 per rank, fully_shard on every decoder layer and the root (built on the meta device,
 sharded, then materialised: no rank ever holds the whole model). Variants:
   ckpt       FSDP2 + torch gradient checkpointing (non-reentrant), the baseline
   hs_before  apply(model, "hidden_states") before fully_shard
   hs_after   apply(model, "hidden_states") after fully_shard
   hs_chunked apply(model, "hidden_states", chunked_loss=True) before fully_shard: the loss computed
-             over chunks of tokens, never the whole sequence's logits (torch_offload/chunked_loss.py)
+             over chunks of tokens, never the whole sequence's logits
   all        apply(model, "all") after fully_shard (only at --all-seqs: it moves every activation)
 Per rank: median step time, tokens/s, peak allocated / reserved GPU memory over the measured steps,
 bytes moved (manager stats). Per variant against ckpt: tokens/s ratio and peak memory freed over
@@ -20,9 +20,10 @@ doubling from --longest-start, then bisection in --longest-step steps, up to --l
 in a fresh model, OOM caught (all ranks agree on each outcome). Then all run timed at the longest
 length all fit. --seqs "" skips the table of timed runs before the search.
 
-Rank 0 writes <out>/fsdp2_<gpu>x<N>.json and .md (rewritten after every run).
+Rank 0 writes <out>/fsdp2_<gpu>x<N>.json and .md (rewritten after every run; without --out, into a
+new temporary folder).
 GPU (2x H200): torchrun --nproc_per_node=2 benchmarks/bench_fsdp2.py --longest --out DIR
-CPU smoke:     torchrun --nproc_per_node=2 benchmarks/bench_fsdp2.py --device cpu --tiny --longest
+CPU smoke:     torchrun --nproc_per_node=2 benchmarks/bench_fsdp2.py --device cpu --tiny --longest --out DIR
 """
 import argparse
 import datetime
@@ -38,11 +39,10 @@ from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import (GB, LLAMA3_8B, REFERENCE, TINY, add_run_args, finish_run_args, log,  # noqa: E402
-                               new_result, release_memory, short_gpu_name, table, timed_steps)
+from benchmarks.common import (GB, SHAPES, TINY, add_run_args, finish_run_args, log, new_result,  # noqa: E402
+                               output_dir, release_memory, short_gpu_name, table, timed_steps)
 
 VARIANTS = ("ckpt", "hs_before", "hs_after", "hs_chunked", "all")
-SHAPES = {"reference": REFERENCE, "llama3_8b": LLAMA3_8B}
 
 
 def build_sharded(args, shape: dict, seq: int, variant: str):
@@ -256,12 +256,11 @@ def main():
                             timeout=datetime.timedelta(seconds=args.timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     result = new_result(args, world_size=world, longest_tries=[])
-    out = Path(args.out)
+    out = output_dir(args, prefix="torch_offload_fsdp2_") if rank == 0 else None
     stem = f"fsdp2_{short_gpu_name(args.device)}x{world}" + ("_tiny" if args.tiny else "")
 
     def save():
         if rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
             (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
             (out / f"{stem}.md").write_text(markdown(result))
 

@@ -12,8 +12,10 @@ measured pinned H2D bandwidth) and the targets:
 LoRA: rank-16 adapters on q/k/v/o/gate/up/down, written here (a frozen base Linear plus trainable
 A and B) so that the benchmark needs no PEFT on the GPU machine; the tests cover PEFT models.
 
+Writes <out>/layers_<gpu>.json and .md (without --out, into a new temporary folder).
+
 GPU:       python3 benchmarks/bench_layers.py --out DIR
-CPU smoke: python benchmarks/bench_layers.py --device cpu --tiny
+CPU smoke: python benchmarks/bench_layers.py --device cpu --tiny --out DIR
 """
 import argparse
 import json
@@ -27,7 +29,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
 from benchmarks.common import (GB, LLAMA3_8B, add_run_args, build_llama, finish_run_args, log, new_result,  # noqa: E402
-                               pinned_bandwidth, release_memory, short_gpu_name, sync, table, timed_steps)
+                               output_dir, pinned_bandwidth, release_memory, short_gpu_name, sync, table,
+                               timed_steps)
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -151,8 +154,7 @@ def main():
     name = short_gpu_name(args.device)
     if args.device == "cuda":
         result["h2d_GBps"] = pinned_bandwidth()["h2d_GBps"]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(args)
     model = build_model(args)
     result["parameters"] = sum(p.numel() for p in model.parameters())
     result["frozen_layer_bytes"], result["largest_layer_bytes"] = frozen_layer_bytes(model)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Benchmark of modules mode (selective activation offload) on the reference model of DESIGN.md
-(random-init LlamaForCausalLM 1.26B, bf16, SDPA, batch 1, no checkpointing), in one process.
+"""Benchmark of modules mode (selective activation offload) on the reference model (random-init
+LlamaForCausalLM 1.26B, bf16, SDPA, batch 1, no checkpointing), in one process.
 
 Per sequence length and variant (no offloading; modules mode with each --targets set, whose
 entries are fnmatch patterns or presets written preset:NAME):
@@ -9,19 +9,21 @@ entries are fnmatch patterns or presets written preset:NAME):
     with --rounds N the variants run N times interleaved and the round with the median step counts
     (every round in the JSON's round_runs);
   - the forward's host time (median): where no offloading's is near its forward's GPU time, the
-    step is host-bound and a mode's ratio follows the host's speed (README, "Mode modules");
+    step is host-bound and a mode's ratio follows the host's speed (docs/performance.md, "modules");
   - then one more step, not timed, whose forward ends with the copies finished (handle.report()):
     GPU memory allocated at the end of forward (before backward), and its drop against no
     offloading: the bytes the device really got back;
   - the handle's report for that forward: expected_bytes (distinct storages offloaded) and
     freed_bytes (those the device no longer holds once the copies finished).
-(Until session 6 the timed steps themselves waited for the copies after forward: that put the
-forward's last copies, which backward overlaps in training, into every modules step.)
+The timed steps do not wait for the copies after forward: backward overlaps the forward's last
+copies, as in training.
 Targets: freed >= 97% of expected; step time within 3% of no offloading where the transfer fits
 behind compute (bytes offloaded / pinned D2H bandwidth below the forward time).
 
+Writes <out>/modules_<gpu>.json and .md (without --out, into a new temporary folder).
+
 GPU:       python3 benchmarks/bench_modules.py --out DIR
-CPU smoke: python benchmarks/bench_modules.py --device cpu --tiny
+CPU smoke: python benchmarks/bench_modules.py --device cpu --tiny --out DIR
 """
 import argparse
 import json
@@ -35,7 +37,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
 from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_run_args, log,  # noqa: E402
-                               median_rounds, new_result, release_memory, short_gpu_name, sync, table)
+                               median_rounds, new_result, output_dir, release_memory, short_gpu_name, sync, table)
+
 
 def run_variant(model, targets, seq, args, keep_gb=0.0, prefetch_depth=None):
     # "preset:NAME" in a --targets set is the preset NAME (presets=), the rest are patterns
@@ -130,7 +133,7 @@ def markdown(result):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # 5 warm-up steps per variant: the steps right after apply() run slower (the first fills the
-    # pinned pool; results/modules_warmup_4k_h100.log), and each round applies the mode afresh.
+    # pinned pool), and each round applies the mode afresh.
     add_run_args(p, seqs="4096,16384", steps=4, warmup=5)
     p.add_argument("--targets", action="append",
                    help="comma-separated patterns and preset:NAME (preset:qkv,preset:core_attn), one set "
@@ -148,8 +151,7 @@ def main():
 
     result = new_result(args)
     name = short_gpu_name(args.device)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(args)
     model = build_llama(args.config, args.device, max(args.seq_list))
 
     t0 = time.time()

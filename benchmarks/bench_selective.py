@@ -2,7 +2,7 @@
 """Benchmark of selective offload against gradient checkpointing, one process, one model.
 
 Model: the reference random-init LlamaForCausalLM (benchmarks/common.py build_llama: bf16, SDPA,
-batch 1), forward+backward with labels=input_ids, at each sequence length in --seqs. Variants:
+batch 1; --shape llama3_8b: the Llama-3-8B shape), forward+backward with labels=input_ids, at each sequence length in --seqs. Variants:
 
   ckpt        torch gradient checkpointing, non-reentrant (the model's gradient_checkpointing_enable)
   ckpt_re     torch gradient checkpointing, reentrant
@@ -16,7 +16,7 @@ batch 1), forward+backward with labels=input_ids, at each sequence length in --s
   auto        torch_offload.apply(model, "auto"): its trial steps run first (not timed), then the
               mode it kept is timed; its plan is in the JSON
   hidden_re, selective_re, sel_re:POLICY, auto_re   the same with use_reentrant=True (our
-              reentrant variant, torch_offload/reentrant.py)
+              reentrant variant)
   VARIANT@GB  an offloading variant with keep_on_device_bytes=GB*1e9: the newest saves stay on the
               GPU uncopied (e.g. sel:attention+qkv+out_proj@1.3)
   VARIANT#N   an offloading variant on every block but the last N, which run unchecked (auto's
@@ -31,8 +31,13 @@ batch 1), forward+backward with labels=input_ids, at each sequence length in --s
 --chunked-loss grads_in_forward: the same with the loss's gradients computed in the forward.
 
 Per run: median step time, tokens/s, peak allocated / reserved GPU memory, the manager's statistics;
-per sequence length: tokens/s ratio and peak allocated difference versus ckpt, and the issue's targets
-for selective (>= 1.08x ckpt at 16k, >= 1.15x at 64k, >= 1.00x at 4k; peak allocated <= hidden + 0.5 GB).
+per sequence length: tokens/s ratio and peak allocated difference versus ckpt, and selective's targets
+(>= 1.08x ckpt at 16k, >= 1.15x at 64k, >= 1.00x at 4k; peak allocated <= hidden + 0.5 GB).
+--rounds N runs the variants N times, interleaved; the summary keeps each variant's median round.
+--noise-seq N first compares one step's bf16 gradients with checkpointing's (relative L2 error)
+beside the noise floor (checkpointing against itself and against no checkpointing).
+
+Writes <out>/selective_<gpu>[_llama3_8b].json and .md (without --out, into a new temporary folder).
 
 GPU:       python3 benchmarks/bench_selective.py --out DIR
 CPU smoke: python benchmarks/bench_selective.py --device cpu --tiny --out DIR
@@ -50,8 +55,8 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
 from benchmarks.common import (GB, LLAMA3_8B, REFERENCE, add_run_args, build_llama, finish_run_args, flat_grads,  # noqa: E402
-                               log, median_rounds, new_result, release_memory, short_gpu_name, sync, table,
-                               timed_steps)
+                               log, median_rounds, new_result, output_dir, release_memory, short_gpu_name, sync,
+                               table, timed_steps)
 from torch_offload import policies  # noqa: E402
 
 VARIANTS = ("ckpt", "ckpt_re", "torch_sac", "hidden", "hidden_re", "selective", "selective_re", "selective_qkv",
@@ -309,8 +314,7 @@ def main():
     for variant in variants:
         if not valid_variant(variant):
             p.error(f"unknown variant {variant!r}; expected some of {','.join(VARIANTS)} or sel[_re]:POLICY")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(args)
     name = short_gpu_name(args.device) + ("_llama3_8b" if args.shape == "llama3_8b" else "")
     name += {None: "", "chunked": "_chunked_loss", "grads_in_forward": "_loss_grads_in_forward"}[args.chunked_loss]
     result = args.result = new_result(args)

@@ -1,8 +1,12 @@
-"""What the benchmark scripts share. The measuring helpers live in the package
-(torch_offload/bench/common.py, also used by `python -m torch_offload.bench`); this file adds the
-scripts' command-line options and gradient comparison. Import after putting the repository root on
-sys.path."""
+"""What the benchmark scripts share: model shapes, timing and memory helpers (re-exported from the
+package's own bench helpers, torch_offload/bench/common.py, which `python -m torch_offload.bench`
+uses too: one copy of the measuring code), plus the scripts' command-line options, output folder,
+interleaved rounds, gradient comparison and the allocation-trace replay of a CUDA memory snapshot.
+
+The scripts put the repository root on sys.path and import this module as `benchmarks.common`.
+"""
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -11,6 +15,29 @@ import torch_offload
 from torch_offload.bench.common import (GB, LLAMA3_8B, REFERENCE, TINY, build_llama, gpu_name,  # noqa: F401
                                         log, new_result, pinned_bandwidth, release_memory,
                                         short_gpu_name, sync, table, timed_steps)
+
+SHAPES = {"reference": REFERENCE, "llama3_8b": LLAMA3_8B}
+
+
+# ------------------------------------------------------------------------------------------------
+# command line and output
+
+
+def add_out_arg(parser) -> None:
+    """--out: where results go. The default is a new temporary folder (printed when it is made), never
+    a folder inside the repository."""
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: a new temporary folder, printed at the start)")
+
+
+def output_dir(args, prefix: str = "torch_offload_bench_") -> Path:
+    """args.out as a Path, made if missing; without --out, a new temporary folder (set on args.out)."""
+    if args.out is None:
+        args.out = tempfile.mkdtemp(prefix=prefix)
+        log(f"writing results to {args.out}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def add_run_args(parser, seqs: str, steps: int, warmup=2) -> None:
@@ -22,7 +49,7 @@ def add_run_args(parser, seqs: str, steps: int, warmup=2) -> None:
     parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--tiny", action="store_true", help="a tiny model, for CPU smoke runs")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    add_out_arg(parser)
 
 
 def finish_run_args(args, shape: dict, tiny_shape: dict = TINY, tiny_seqs: str = "64,128"):
@@ -34,7 +61,10 @@ def finish_run_args(args, shape: dict, tiny_shape: dict = TINY, tiny_seqs: str =
     return args
 
 
-# Hugging Face options a compiled variant's name can end with, in this order: VARIANT_causal_detach.
+# ------------------------------------------------------------------------------------------------
+# Hugging Face options of compiled variants
+
+# Options a compiled variant's name can end with, in this order: VARIANT_causal_detach.
 HF_OPTIONS = ("_causal", "_detach")
 
 
@@ -56,6 +86,10 @@ def apply_hf_options(variant: str, model) -> str:
     if "_detach" in suffix:
         torch_offload.detach_logits(model)
     return variant
+
+
+# ------------------------------------------------------------------------------------------------
+# gradients and rounds
 
 
 def flat_grads(model) -> torch.Tensor:
@@ -84,10 +118,30 @@ def median_rounds(runs: list) -> list:
     return rows
 
 
-def reference_from_argv(default_seq: int, default_rounds: int):
-    """For the diagnostic scripts of results/ (`script.py [SEQ] [ROUNDS]`): seq and rounds from the
-    command line, the reference model on CUDA and one batch of random token ids."""
-    seq = int(sys.argv[1]) if len(sys.argv) > 1 else default_seq
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else default_rounds
-    model = build_llama(REFERENCE, "cuda", seq)
-    return seq, rounds, model, torch.randint(0, REFERENCE["vocab"], (1, seq), device="cuda")
+# ------------------------------------------------------------------------------------------------
+# CUDA memory snapshots (torch.cuda.memory._snapshot())
+
+
+def replay_allocations(trace, baseline: int):
+    """Replays a device trace: (whether the event allocated or freed, allocated bytes after it) for
+    each event."""
+    sizes, total = {}, baseline
+    for ev in trace:
+        changed = True
+        if ev["action"] == "alloc":
+            sizes[ev["addr"]] = ev["size"]
+            total += ev["size"]
+        elif ev["action"] == "free_completed" and ev["addr"] in sizes:
+            total -= sizes.pop(ev["addr"])
+        else:
+            changed = False
+        yield changed, total
+
+
+def memory_timeline(snapshot, baseline: int, points: int = 1500) -> list:
+    """Allocated GB after each traced alloc/free of device 0, thinned to about `points` values (each
+    kept value is the largest of its stretch, so the peak survives)."""
+    series = [total / GB for changed, total in replay_allocations(snapshot["device_traces"][0], baseline)
+              if changed]
+    stride = max(1, len(series) // points)
+    return [round(max(series[i:i + stride]), 4) for i in range(0, len(series), stride)]

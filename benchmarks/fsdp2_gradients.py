@@ -10,7 +10,8 @@ checkpointing run.
   hs_chunked (loss summed over chunks) within rtol 1e-5 / atol 1e-6.
 - bf16 (default SDPA kernels): relative L2 error of all gradients against checkpointing, beside the
   noise floor = checkpointing against itself and against plain FSDP2 without checkpointing.
-Rank 0 writes <out>/fsdp2_gradients_<gpu>x<N>.json and prints a table; exit 1 when a check fails.
+Rank 0 writes <out>/fsdp2_gradients_<gpu>x<N>.json (without --out, into a new temporary folder) and
+prints each check; exit 1 when a check fails.
 
 GPU:  torchrun --nproc_per_node=2 benchmarks/fsdp2_gradients.py --out DIR
 CPU:  torchrun --nproc_per_node=2 benchmarks/fsdp2_gradients.py --device cpu --tiny --out DIR (fp32 only)
@@ -29,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_fsdp2 import build_sharded  # noqa: E402
-from benchmarks.common import REFERENCE, TINY, new_result, short_gpu_name  # noqa: E402
+from benchmarks.common import REFERENCE, TINY, add_out_arg, new_result, output_dir, short_gpu_name  # noqa: E402
 
 VARIANTS = ("none", "ckpt", "hs_before", "hs_after", "all", "hs_chunked")
 
@@ -72,7 +73,7 @@ def main():
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--seq", type=int, default=4096)  # two chunks of the chunked loss
-    p.add_argument("--out", default="/tmp/fsdp2_gradients")
+    add_out_arg(p)
     args = p.parse_args()
     shape = dict(TINY if args.tiny else REFERENCE, layers=args.layers)
     if args.tiny:
@@ -112,8 +113,7 @@ def main():
             if dist.get_rank() == 0:
                 print(json.dumps(check), flush=True)
     if dist.get_rank() == 0:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+        out = output_dir(args, prefix="torch_offload_fsdp2_gradients_")
         name = f"fsdp2_gradients_{short_gpu_name(args.device)}x{dist.get_world_size()}.json"
         (out / name).write_text(json.dumps(result, indent=1, default=str))
     dist.destroy_process_group()

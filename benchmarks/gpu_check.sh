@@ -1,29 +1,34 @@
 #!/usr/bin/env bash
-# The one script to run on the GPU machine: build (library + C++ tests), ctest, pytest, the demo and
-# the hidden_states benchmark, writing into OUTDIR (no sub-folders; with more than 8 files, all but
-# summary.txt are packed into gpu_check.tar.gz, as the device tool brings back at most 8):
+# The one script to run on a GPU machine: builds the library, the C save hooks and the C++ tests;
+# runs ctest, pytest's CUDA cases, the demo (examples/demo.py) and the benchmarks, writing into
+# OUTDIR (no sub-folders):
 #   build.log ctest.log pytest.log bench.log (demo + benchmark output) summary.txt
-#   hidden_states_<gpu>.json hidden_states_<gpu>.md
+#   hidden_states_<gpu>.json hidden_states_<gpu>.md (and the other benchmarks' files, see BENCHES)
+# With more than PACK_OVER files (default 8) in OUTDIR at the end, all but summary.txt are packed
+# into gpu_check.tar.gz (handy when OUTDIR is copied back from a remote machine; PACK_OVER=0: never).
 #
-#   bash benchmarks/gpu_check.sh OUTDIR            e.g. bash benchmarks/gpu_check.sh "$OUT"
+#   bash benchmarks/gpu_check.sh OUTDIR
+#   SKIP_BENCH=1 bash benchmarks/gpu_check.sh OUTDIR          build and tests only
+#   BENCHES="hidden_states modules" bash benchmarks/gpu_check.sh OUTDIR
 #
 # Test failures do not stop the script: every phase runs, its exit code goes into summary.txt, and
 # the script exits non-zero at the end if any phase failed. Only a failed library build stops it.
-# Time on an H100: build 2 min, ctest (4 in parallel) ~1 min, pytest (the CUDA cases: the CPU ones run
-# in CI) ~3 min, demo 0.5 min (session 17: run one by one, the whole suites passed 150 / 200 s),
-# benchmark 3-3.5 min (16k ~0.5, 32k ~1, 64k ~1.5-2 with 3 measured steps under the 30 s budget per
-# run): 6.5-8 min. TOTAL_BUDGET_S (default 540 s) is a hard plan: the benchmark gets what is left and
-# skips the runs that would not fit (listed as skipped); every phase is also bounded by `timeout`.
+# Expected times on an H100: build ~2 min, ctest (4 in parallel) ~1 min, pytest's CUDA cases (the
+# CPU ones run in CI) ~3 min, demo ~0.5 min, the hidden_states benchmark 3-3.5 min (16k ~0.5,
+# 32k ~1, 64k ~1.5-2 min with 3 measured steps under the 30 s budget per run): 6.5-8 min in all.
+# TOTAL_BUDGET_S (default 540 s) is a plan, not a limit: the hidden_states benchmark gets what is
+# left and skips the runs that would not fit (listed as skipped); every phase is also bounded by
+# `timeout`.
 #
 # Environment overrides:
-#   BENCH_SEQS=16384,32768,65536   sequence lengths
+#   BENCH_SEQS=16384,32768,65536   sequence lengths of the hidden_states benchmark
 #   BENCH_SKIP=none@65536,...      variant@seq runs known not to fit (OOM)
 #   BENCH_VARIANTS=none,ckpt,save_on_cpu,ours   (hf_offload is also available)
 #   BENCH_VARIANT_BUDGET_S=30      per (variant, seq) run, warm-up included: fewer steps at long seqs
 #   BENCH_ARGS="..."               extra arguments for bench_hidden_states.py (e.g. "--steps 10")
 #   BENCHES="hidden_states"        benchmarks to run, from: hidden_states activations compile layers modules
 #   ACT_ARGS="..."                 extra arguments for bench_{activations,compile,layers,modules}.py
-#   BENCH_TIMEOUT_S=560            limit for each of those two
+#   BENCH_TIMEOUT_S=560            limit for each of those
 #   TOTAL_BUDGET_S=540             the whole script's time target
 #   SKIP_TESTS=1                   build the library only; no ctest, no pytest
 #   SKIP_BENCH=1                   no benchmark
@@ -31,7 +36,9 @@
 #   PYTEST_ARGS="-q -x -m cuda"    arguments after `python3 -m pytest python_tests` ("-q -x": every case)
 #   CTEST_PARALLEL=4               C++ test processes at once
 #   CTEST_TIMEOUT_S=150 PYTEST_TIMEOUT_S=240 DEMO_TIMEOUT_S=120   phase limits (seconds)
+#   PACK_OVER=8                    pack OUTDIR into gpu_check.tar.gz above this many files (0: never)
 #   PYTHON=python3
+#   GoogleTest sources in .gtest-src/ (if present) are built when GoogleTest is not installed.
 set -euo pipefail
 
 if [ $# -lt 1 ]; then
@@ -107,7 +114,7 @@ TESTS_FLAG=ON
 [ "$SKIP_TESTS" = 1 ] && TESTS_FLAG=OFF
 PREFIX=$("$PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')
 GTEST_ARGS=()
-# GoogleTest may not be installed there: sources carried in .gtest-src are built instead.
+# Without an installed GoogleTest, sources in .gtest-src are built instead.
 [ -d .gtest-src ] && GTEST_ARGS=(-DTORCH_OFFLOAD_GTEST_SOURCE_DIR="$REPO/.gtest-src")
 configure() {
   cmake -S . -B build -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" -DTORCH_OFFLOAD_BUILD_TESTS="$1" \
@@ -244,8 +251,9 @@ done
     echo "RESULT: FAILED (${FAILED[*]})$not_run"
   fi
 } >>"$SUMMARY"
-# The device tool brings back at most 8 files: with more, pack them (summary.txt stays loose).
-if [ "$(find "$OUTDIR" -mindepth 1 -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+# With more than PACK_OVER files, pack them (summary.txt stays loose).
+PACK_OVER=${PACK_OVER:-8}
+if [ "$PACK_OVER" -gt 0 ] && [ "$(find "$OUTDIR" -mindepth 1 -maxdepth 1 -type f | wc -l)" -gt "$PACK_OVER" ]; then
   (cd "$OUTDIR" && tar czf gpu_check.tar.gz --exclude=summary.txt --exclude=gpu_check.tar.gz ./* &&
     find . -mindepth 1 -maxdepth 1 -type f ! -name summary.txt ! -name gpu_check.tar.gz -delete)
 fi

@@ -4,8 +4,9 @@ offloaded tensor), beside torch's own copy to pinned memory as a yardstick.
 
 The GPU is kept busy by a queue of matrix products first, so every copy is only enqueued: the time
 measured is the host's alone. Per size: the median over rounds of the mean time of `--calls` calls.
+Prints one JSON line per size; --json FILE also writes them to FILE.
 
-GPU: python3 benchmarks/op_host_cost.py [--calls 200] [--sizes-mb 1,16]
+GPU: python3 benchmarks/op_host_cost.py [--calls 200] [--sizes-mb 1,16] [--json FILE]
 """
 import argparse
 import json
@@ -18,14 +19,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from torch_offload._ops import offload_restore, offload_save  # noqa: E402
+from torch_offload import offload_restore, offload_save  # noqa: E402
 
 
 def busy_gpu(ms: float) -> None:
     """Queues about `ms` of matrix products on the current stream, as few long ones (a few ms each):
     with short ones (0.2 ms) the driver's launch queue fills, and every later call the host makes
-    waits for a slot, at the GPU's pace (restores measured 184 us per call that way, 25 us with the
-    GPU idle: restore_cost_h100.log)."""
+    waits for a slot, at the GPU's pace: the time measured would be the queue's, not the op's."""
     a = torch.randn(12288, 12288, device="cuda", dtype=torch.bfloat16)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

@@ -17,9 +17,11 @@ Variants (comma-separated, one process, same model shape):
   VARIANT_causal                       the variant with torch_offload.sdpa_is_causal(model) first
   VARIANT_detach, VARIANT_causal_detach  with torch_offload.detach_logits(model) first (and both)
 
+Writes <out>/peak_memory.json (without --out, into a new temporary folder) and prints each variant's
+peaks; snapshots (pickles, for https://pytorch.org/memory_viz) are written with --pickles.
+
 GPU: python3 benchmarks/peak_memory.py --out DIR --layers 8 --seqs 16384 --variants ckpt_compiled,ours_compiled
      torchrun --nproc_per_node=2 benchmarks/peak_memory.py --out DIR --variants fsdp_ckpt,fsdp_ours_before
-Snapshots (pickles, for https://pytorch.org/memory_viz) are written with --pickles.
 """
 import argparse
 import json
@@ -35,7 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import GB, REFERENCE, apply_hf_options, build_llama, release_memory  # noqa: E402
+from benchmarks.common import (GB, REFERENCE, add_out_arg, apply_hf_options, build_llama, output_dir,  # noqa: E402
+                               release_memory, replay_allocations)
 
 _SKIP = ("/torch/", "/transformers/", "/contextlib.py", "/functools.py", "benchmarks/peak_memory.py")
 
@@ -56,30 +59,6 @@ def _describe(frame):
     text = linecache.getline(frame.get("filename", ""), frame.get("line", 0)).strip()
     where = f"{Path(frame.get('filename', '?')).name}:{frame.get('line', 0)} {frame.get('name', '')}"
     return f"{where} | {text[:110]}"
-
-
-def _allocated(trace, baseline: int):
-    """Replays a device trace: (whether the event allocated or freed, allocated bytes after it) for
-    each event."""
-    sizes, total = {}, baseline
-    for ev in trace:
-        changed = True
-        if ev["action"] == "alloc":
-            sizes[ev["addr"]] = ev["size"]
-            total += ev["size"]
-        elif ev["action"] == "free_completed" and ev["addr"] in sizes:
-            total -= sizes.pop(ev["addr"])
-        else:
-            changed = False
-        yield changed, total
-
-
-def timeline(snapshot, baseline: int, points: int = 1500) -> list:
-    """Allocated GB after each traced alloc/free of device 0, thinned to about `points` values (each
-    kept value is the largest of its stretch, so the peak survives)."""
-    series = [total / GB for changed, total in _allocated(snapshot["device_traces"][0], baseline) if changed]
-    stride = max(1, len(series) // points)
-    return [round(max(series[i:i + stride]), 4) for i in range(0, len(series), stride)]
 
 
 def _category(index: int, backward_start: int, size: int, frames, stream) -> str:
@@ -139,7 +118,7 @@ def backward_profile(snapshot, baseline: int, marks: dict, points: int = 20) -> 
     trace = snapshot["device_traces"][0]
     start = marks.get("backward_event", len(trace))
     marks_at = {start + (len(trace) - start) * k // points for k in range(1, points + 1)}
-    return [round(total / GB, 3) for i, (_, total) in enumerate(_allocated(trace, baseline)) if i + 1 in marks_at]
+    return [round(total / GB, 3) for i, (_, total) in enumerate(replay_allocations(trace, baseline)) if i + 1 in marks_at]
 
 
 def boundary_bound(snapshot, baseline: int, marks: dict, boundary_bytes: int, layers: int) -> dict:
@@ -305,13 +284,12 @@ def main():
     p.add_argument("--variants", default="ckpt_compiled,ours_compiled")
     p.add_argument("--seqs", default="16384")
     p.add_argument("--layers", type=int, default=REFERENCE["layers"])
-    p.add_argument("--out", default="peak_memory_out")
+    add_out_arg(p)
     p.add_argument("--pickles", action="store_true")
     p.add_argument("--top", type=int, default=14, help="allocating lines listed at each peak")
     args = p.parse_args()
     args.config = dict(REFERENCE, layers=args.layers)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(args, prefix="torch_offload_peak_memory_")
     rows = []
     with torch.compiler.config.patch(force_disable_caches=True):
         for seq in [int(s) for s in args.seqs.split(",")]:

@@ -2,7 +2,8 @@
 variant (x: the step's allocation events, scaled to 0..1 so that variants with different numbers of
 events line up).
 
-    python3 benchmarks/plot_timeline.py benchmarks/results/compile_h100.json compile_h100_timeline.png
+    python3 benchmarks/bench_compile.py --out DIR --seqs 16384 --variants ckpt_compiled,ours_compiled --timeline ckpt_compiled,ours_compiled
+    python3 benchmarks/plot_timeline.py DIR/compile_h100.json DIR/compile_h100_timeline.png
 """
 import json
 import sys
