@@ -23,7 +23,7 @@ class CudaFence final : public CopyFence {
   bool query() override { return event.query(); }
   void synchronize() override { event.synchronize(); }
   // Timing disabled: the cheapest kind. (Blocking-sync events, which let waiting threads sleep,
-  // made each save and restore slower on the H100 in an A/B of builds: fence_variants_ab.log.)
+  // made each save and restore slower on an H100: docs/performance.md.)
   at::cuda::CUDAEvent event{cudaEventDisableTiming};
 };
 
@@ -76,11 +76,10 @@ void side_stream_waits_for_compute(c10::DeviceIndex index, const c10::cuda::CUDA
 }
 
 // The copies of a batch, in one driver call where the runtime has one (CUDA 13's
-// cudaMemcpyBatchAsync), else one cudaMemcpyAsync each. Inside a host-bound 4k modules step a
-// copy's cudaMemcpyAsync took ~10 us of the forward's thread; the batch's end took 1.54 ms per step
-// issued one by one against 1.28 ms in one call (session 21,
-// modules_host_split_tiny_4k_session21_h100.log). A runtime or driver that refuses the batched
-// call is not asked again.
+// cudaMemcpyBatchAsync), else one cudaMemcpyAsync each. Why: inside a host-bound 4k "modules"
+// step a copy's cudaMemcpyAsync took ~10 us of the forward's thread, and the batches' ends took
+// 1.28 ms per step in one call each against 1.54 ms issued one by one (docs/performance.md). A
+// runtime or driver that refuses the batched call is not asked again.
 void issue_copies_to_host(const std::vector<std::pair<at::Tensor, at::Tensor>>& copies,
                           cudaStream_t stream) {
 #if CUDART_VERSION >= 13000

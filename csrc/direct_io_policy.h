@@ -1,10 +1,10 @@
 #pragma once
 // Which of the disk tier's files bypass the page cache (O_DIRECT). kNever and kAlways are the
 // user's choice. kWhenRamIsShort decides per file: while the host's RAM can hold every file kept
-// through the page cache, the page cache serves backward's reads at memory speed (on the H100
-// machine, 125 GB of RAM: 0.98-0.99x checkpointing's speed through the disk, against 0.41-0.54x
-// with direct IO at the disk's 2.4 GB/s); once it cannot, it only adds a copy of each byte and
-// pushes other data out, and the file goes around it.
+// through the page cache, the page cache serves backward's reads at memory speed (on a host with
+// 125 GB of RAM: 0.98-0.99x checkpointing's speed through the disk, against 0.41-0.54x with direct
+// IO at the disk's 2.4 GB/s; docs/performance.md); once it cannot, it only adds a copy of each
+// byte and pushes other data out, and the file goes around it.
 #include <cstdint>
 #include <mutex>
 

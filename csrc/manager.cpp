@@ -2,10 +2,15 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <functional>
+#include <iterator>
 #include <tuple>
+#include <utility>
 
 #include "cuda_transfer.h"
 #include "fault_injection.h"
@@ -33,8 +38,8 @@ Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> tr
   TORCH_CHECK(config.max_in_flight >= 0, "max_in_flight must be >= 0, got ", config.max_in_flight);
   TORCH_CHECK(config.prefetch_depth >= 0, "prefetch_depth must be >= 0, got ",
               config.prefetch_depth);
-  check_keep_on_device_bytes(config.keep_on_device_bytes);
-  keep_limit_ = config.keep_on_device_bytes;
+  DeviceWindow::check_limit(config.keep_on_device_bytes, config);
+  window_.set_limit(config.keep_on_device_bytes);
   transfer_ =
       transfer ? std::move(transfer) : std::shared_ptr<DeviceTransfer>(make_cuda_transfer());
   if (!allocator) allocator = make_default_host_allocator();
@@ -120,8 +125,8 @@ at::Tensor Manager::save(const at::Tensor& x) {
     stored = save_tiers_[tier_index]->reserve(src.nbytes(), may_decline);
   }
   if (config_.release_sources_on_save) finish_all_saves();
-  const bool kept = keeps_on_device(src, transfer);
-  // Queued, not issued: the batch issues the copy and commits it (manager_batch.cpp).
+  const bool kept = window_.keeps(static_cast<int64_t>(src.nbytes()), transfer != nullptr);
+  // Queued, not issued: the batch issues the copy and commits it (issue_batch_locked).
   const bool batched = !kept && joins_batch(src, transfer, save_tiers_[tier_index - 1]);
 
   ToHostCopy copy;
@@ -165,7 +170,7 @@ at::Tensor Manager::save(const at::Tensor& x) {
     add_entry_locked(key, std::move(entry), x, copy);
     if (batched) {
       add_to_batch_locked(key, src, destination);
-      batch_full = pending_.size() >= kMaxBatch;
+      batch_full = batch_.full();
     }
   }
   if (batch_full) issue_batch();
@@ -238,6 +243,355 @@ void Manager::saved_again(const void* key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   save_order_.splice(save_order_.end(), save_order_, it->second.order_pos);  // iterators stay valid
+}
+
+// The batch of device-to-host copies (copy_batch.h): a save on the batching thread queues its copy
+// (its entry marked copy_pending, with no fence and no source yet), and the batch is issued at
+// end_batch, when it is full, and before anything uses a pending copy.
+void Manager::begin_batch() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (batch_.open_on_this_thread()) {
+    batch_.nest();
+    return;
+  }
+  // Another thread's batch is issued now, and that thread's saves copy one by one from here on
+  // (its end_batch finds the batch taken over): one batching thread at a time.
+  issue_batch_locked();
+  batch_.take_over();
+}
+
+void Manager::end_batch() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!batch_.close()) return;  // nested, never begun, or taken over
+  }
+  issue_batch();
+}
+
+bool Manager::joins_batch(const at::Tensor& src, const DeviceTransfer* transfer,
+                          const Tier* tier) const {
+  return transfer != nullptr && !config_.synchronous && tier == host_.get() && src.nbytes() > 0 &&
+         batch_.open_on_this_thread();
+}
+
+void Manager::add_to_batch_locked(const void* key, const at::Tensor& src,
+                                  const at::Tensor& destination) {
+  const c10::Stream producer = CopyBatch::producer_of(src);
+  if (!batch_.accepts(producer)) issue_batch_locked();  // one producer each
+  entries_.at(key).copy_pending = true;
+  batch_.add(CopyBatch::Copy{key, src, destination}, producer);
+}
+
+void Manager::issue_batch() {
+  bool any_pending;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    any_pending = !batch_.empty();
+  }
+  if (!any_pending) return;
+  // Outside the lock: the releaser's progress needs no lock of ours, restores go on meanwhile.
+  const double waited = releaser_.wait_in_flight_below(config_.max_in_flight);
+  std::lock_guard<std::mutex> lock(mutex_);
+  counters_.host_wait_ms += waited;
+  issue_batch_locked();
+}
+
+void Manager::issue_batch_locked() {
+  if (batch_.empty()) return;
+  const c10::Stream producer = batch_.stream();
+  std::vector<CopyBatch::Copy> batch = batch_.take();
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  copies.reserve(batch.size());
+  for (const CopyBatch::Copy& pending : batch) {
+    copies.emplace_back(pending.source, pending.destination);
+  }
+  FencePtr done;
+  try {
+    done = transfer_for(batch.front().source.device())->copy_to_host_batch(copies, producer);
+  } catch (...) {
+    // Nothing was copied for sure: each entry keeps its source, as a kept save does.
+    for (CopyBatch::Copy& pending : batch) {
+      Entry& entry = entries_.at(pending.key);
+      entry.copy_pending = false;
+      entry.kept_source = std::move(pending.source);
+    }
+    throw;
+  }
+  std::vector<std::shared_ptr<SourceSlot>> sources;
+  sources.reserve(batch.size());
+  for (CopyBatch::Copy& pending : batch) {
+    Entry& entry = entries_.at(pending.key);
+    entry.copy_pending = false;
+    entry.stored->commit(done);
+    ToHostCopy copy;
+    copy.done = done;
+    copy.source = std::make_shared<SourceSlot>(std::move(pending.source));
+    set_copy_to_host(entry, copy);
+    sources.push_back(copy.source);
+  }
+  // One release for the batch: the worker only moves the sources to finished_sources_.
+  const auto count = static_cast<int64_t>(sources.size());
+  releaser_.release_after([done] { done->synchronize(); },
+                          [this, sources = std::move(sources)] {
+                            for (const auto& source : sources)
+                              finished_sources_.add(source->take());
+                          },
+                          /*copies_in_flight=*/count);
+  counters_.batched_copies += count;
+  counters_.copy_batches++;
+}
+
+// The window of saves kept on the device (device_window.h). A kept entry has its source in
+// kept_source and no copy started; evict_locked starts the copy, after which it is like any other.
+void Manager::set_keep_on_device_bytes(int64_t bytes) {
+  DeviceWindow::check_limit(bytes, config_);
+  finished_sources_.drop();
+  std::lock_guard<std::mutex> lock(mutex_);
+  window_.set_limit(bytes);
+  shrink_window_locked();
+}
+
+void Manager::enter_window_locked(const void* key, Entry& entry) {
+  entry.window_pos = window_.enter(key, static_cast<int64_t>(entry.kept_source.nbytes()));
+  entry.in_window = true;
+  shrink_window_locked();
+}
+
+void Manager::shrink_window_locked() {
+  while (window_.over_limit()) evict_locked(entries_.at(window_.oldest()));
+}
+
+void Manager::leave_window_locked(Entry& entry) {
+  window_.leave(entry.window_pos);
+  entry.in_window = false;
+}
+
+void Manager::evict_locked(Entry& entry) {
+  if (entry.in_window) leave_window_locked(entry);
+  const at::Tensor src = std::move(entry.kept_source);  // the copy's source slot holds it now
+  const at::Tensor destination =
+      at::from_blob(entry.stored->destination(), src.sizes(), src.options().device(c10::kCPU));
+  const ToHostCopy copy = start_copy_to_host(src, destination, transfer_for(entry.source_device));
+  entry.stored->commit(copy.done);
+  set_copy_to_host(entry, copy);
+  counters_.bytes_to_host += static_cast<int64_t>(src.nbytes());
+}
+
+at::Tensor Manager::restore_kept_locked(Entry& entry, c10::Device device,
+                                        DeviceTransfer* transfer) {
+  if (entry.in_window) leave_window_locked(entry);  // kept from now on until the handle dies
+  const at::Tensor& kept = entry.kept_source;
+  // A new tensor (no autograd history, its own version counter) on the kept memory, as a restored
+  // copy would be.
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(kept.storage()),
+                                                            kept.key_set(), kept.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(kept.sizes(), kept.strides(),
+                                                   kept.storage_offset());
+  entry.restored = true;
+  counters_.restores++;
+  counters_.restores_kept_on_device++;
+  counters_.bytes_kept_on_device += static_cast<int64_t>(out.nbytes());
+  // The entries saved before it come next in backward: start their copies now.
+  prefetch_before_locked(entry, device, transfer);
+  return out;
+}
+
+// The restore side: finding a handle's entry, restoring it (from its kept source, a device
+// prefetch or its tier), and prefetching what backward needs next.
+Manager::Entry* Manager::find_entry_locked(const at::Tensor& handle, const char* op) {
+  if (!handle.has_storage()) return nullptr;
+  const c10::DataPtr& data = handle.storage().data_ptr();
+  if (data.get_deleter() != &free_handle) return nullptr;  // no manager saved it
+  const auto* context = static_cast<const HandleContext*>(data.get_context());
+  TORCH_CHECK(context->manager.get() == this, op, ": the tensor is a handle of OffloadManager id ",
+              context->manager->id(), ", not of id ", id_,
+              ": pass the id of the manager that saved it");
+  auto it = entries_.find(context);
+  if (it == entries_.end()) return nullptr;  // a handle whose save is still being set up
+  Entry& entry = it->second;
+  const bool exact = handle.storage_offset() == 0 && handle.sizes() == entry.sizes &&
+                     handle.strides() == entry.strides && handle.scalar_type() == entry.dtype;
+  // A view of a host-tier handle has the handle's bytes and is restored as a plain copy.
+  TORCH_CHECK(exact || entry.stored->views_restore_as_copies(), op,
+              ": the tensor is a view of a disk-tier handle (a slice, a transpose, a reshape): "
+              "pass the handle offload_save returned, unchanged");
+  return exact ? &entry : nullptr;
+}
+
+at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
+  TORCH_CHECK(handle.defined() && handle.is_cpu(),
+              "offload_restore: the handle must be the CPU tensor returned by offload_save");
+  finished_sources_.drop();
+  device = with_index(device);
+  DeviceTransfer* transfer = transfer_for(device);
+  std::unique_lock<std::mutex> lock(mutex_);
+  issue_batch_locked();  // a pending copy (of this entry or the ones prefetched next) has no fence
+  Entry* found = find_entry_locked(handle, "offload_restore");
+  if (found == nullptr) {
+    // A view of a host-tier handle (its transpose, a slice), a copy of one, or any host tensor:
+    // restoring it is a plain copy to `device`, once a handle's own copy has landed in host memory.
+    FencePtr landed;
+    const c10::DataPtr& data = handle.storage().data_ptr();
+    if (data.get_deleter() == &free_handle) {
+      auto it = entries_.find(data.get_context());
+      if (it != entries_.end()) {
+        if (it->second.kept_source.defined()) evict_locked(it->second);  // its bytes, to host
+        landed = it->second.to_host_done;
+      }
+    }
+    counters_.restores++;
+    counters_.bytes_to_device += static_cast<int64_t>(handle.nbytes());
+    lock.unlock();
+    if (landed) landed->synchronize();
+    return handle.to(device, /*non_blocking=*/false, /*copy=*/true);
+  }
+  // The entry stays in place while we hold its handle (the map never moves its elements).
+  Entry& entry = *found;
+  check_unmodified(entry);
+  if (entry.kept_source.defined()) {
+    if (entry.kept_source.device() == device) return restore_kept_locked(entry, device, transfer);
+    evict_locked(entry);  // wanted on another device: through host memory like the others
+  }
+  at::Tensor out;
+  if (entry.prefetched.defined() && entry.prefetched.device() == device) {
+    out = std::move(entry.prefetched);
+    entry.prefetched = at::Tensor();
+    transfer->compute_waits_for(entry.prefetch_done, device);
+    counters_.prefetch_hits++;
+  } else {
+    HostBytes bytes;
+    if (entry.stored->resident() != nullptr) {
+      bytes = entry.stored->bytes_for_restore();  // in host memory: no wait
+    } else {
+      // The tier waits for IO: without the lock, so other handles go on meanwhile. A read-ahead
+      // finishing meanwhile may let a device prefetch of this entry start: this copy serves, and
+      // the prefetched tensor goes once its copy, which still writes it, has finished.
+      const std::shared_ptr<StoredTensor> stored = entry.stored;
+      lock.unlock();
+      bytes = stored->bytes_for_restore();
+      lock.lock();
+      if (entry.prefetched.defined()) {
+        const FencePtr done = entry.prefetch_done;
+        releaser_.release_after(
+            [done] { done->synchronize(); },
+            [unused = std::move(entry.prefetched)]() mutable { unused = at::Tensor(); },
+            /*copies_in_flight=*/0);
+        entry.prefetched = at::Tensor();
+      }
+    }
+    if (bytes.read_ahead) counters_.prefetch_hits++;
+    try {
+      out = copy_for_restore_locked(entry, bytes.data, device, transfer);
+    } catch (...) {
+      if (bytes.release) bytes.release();
+      throw;
+    }
+    if (bytes.release) {
+      // The buffer goes back to its tier once the device copy has read it.
+      const FencePtr fence = transfer != nullptr ? entry.last_fence : nullptr;
+      if (fence && !fence->query()) {
+        releaser_.release_after([fence] { fence->synchronize(); }, std::move(bytes.release),
+                                /*copies_in_flight=*/0);
+      } else {
+        bytes.release();
+      }
+    }
+  }
+  finish_restore_locked(entry, out, device, transfer);
+  return out;
+}
+
+at::Tensor Manager::copy_for_restore_locked(Entry& entry, const void* host_data, c10::Device device,
+                                            DeviceTransfer* transfer) {
+  const at::Tensor host = host_tensor(entry, host_data);
+  if (transfer != nullptr) {
+    auto [out, done] = transfer->copy_to_device(host, device, entry.to_host_done);
+    entry.last_fence = done;
+    transfer->compute_waits_for(done, device);
+    return out;
+  }
+  if (entry.to_host_done) entry.to_host_done->synchronize();  // source was on a device
+  at::Tensor out = at::empty(host.sizes(), host.options());
+  out.copy_(host);
+  return out;
+}
+
+void Manager::finish_restore_locked(Entry& entry, const at::Tensor& out, c10::Device device,
+                                    DeviceTransfer* transfer) {
+  entry.restored = true;
+  counters_.restores++;
+  counters_.bytes_to_device += static_cast<int64_t>(out.nbytes());
+  if (!config_.synchronous) prefetch_before_locked(entry, device, transfer);
+}
+
+void Manager::prefetch(const at::Tensor& handle, c10::Device device) {
+  TORCH_CHECK(handle.defined() && handle.is_cpu(),
+              "prefetch: the handle must be the CPU tensor returned by offload_save");
+  device = with_index(device);
+  DeviceTransfer* transfer = transfer_for(device);
+  std::lock_guard<std::mutex> lock(mutex_);
+  issue_batch_locked();
+  Entry* found = find_entry_locked(handle, "prefetch");
+  TORCH_CHECK(
+      found != nullptr,
+      "prefetch: the tensor is not a live handle of this manager (offload_save returns one)");
+  Entry& entry = *found;
+  const void* bytes = entry.stored->resident();
+  if (config_.synchronous || transfer == nullptr || bytes == nullptr ||
+      entry.prefetched.defined() || entry.kept_source.defined()) {
+    return;
+  }
+  check_unmodified(entry);
+  start_prefetch_locked(entry, bytes, device, transfer);
+}
+
+void Manager::prefetch_newest(c10::Device device, int64_t count) {
+  device = with_index(device);
+  DeviceTransfer* transfer = transfer_for(device);
+  if (config_.synchronous || transfer == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  issue_batch_locked();
+  prefetch_walk_locked(save_order_.end(), device, transfer, count, /*reads=*/0);
+}
+
+void Manager::start_prefetch_locked(Entry& entry, const void* bytes, c10::Device device,
+                                    DeviceTransfer* transfer) {
+  std::tie(entry.prefetched, entry.prefetch_done) =
+      transfer->copy_to_device(host_tensor(entry, bytes), device, entry.to_host_done);
+  entry.last_fence = entry.prefetch_done;
+  counters_.prefetches++;
+}
+
+void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
+                                     DeviceTransfer* transfer) {
+  // Backward restores in reverse save order: the entries saved just before this one come next.
+  if (transfer == nullptr && !disk_) return;  // nothing to copy ahead, nothing to read ahead
+  const int64_t copies = config_.prefetch_depth;
+  // Only disk-tier entries are read ahead; without a disk tier the walk ends with the copies (it
+  // would otherwise pass every earlier entry on each restore).
+  const int64_t reads = copies > 0 && disk_ ? std::max(copies, config_.disk_read_ahead) : 0;
+  prefetch_walk_locked(restored.order_pos, device, transfer, copies, reads);
+}
+
+void Manager::prefetch_walk_locked(std::list<const void*>::iterator before, c10::Device device,
+                                   DeviceTransfer* transfer, int64_t copies, int64_t reads) {
+  for (auto pos = before; (copies > 0 || reads > 0) && pos != save_order_.begin();) {
+    --pos;
+    Entry& candidate = entries_.at(*pos);
+    if (candidate.restored || candidate.source_device != device) continue;
+    if (candidate.kept_source.defined()) continue;  // on the device already
+    const void* bytes = candidate.stored->resident();
+    if (bytes == nullptr) {  // bytes not in host memory: read ahead
+      if (reads > 0) {
+        reads--;
+        candidate.stored->read_ahead();
+      }
+      continue;
+    }
+    if (transfer == nullptr || copies <= 0) continue;
+    copies--;
+    if (!candidate.prefetched.defined()) start_prefetch_locked(candidate, bytes, device, transfer);
+  }
 }
 
 Manager::HeldSource Manager::take_source_locked(Entry& entry) {
@@ -334,7 +688,7 @@ OffloadStats Manager::stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     s = counters_;
     s.live_handles = static_cast<int64_t>(entries_.size());
-    s.window_bytes = window_bytes_;
+    s.window_bytes = window_.bytes();
   }
   host_->add_stats(s);
   if (disk_) disk_->add_stats(s);

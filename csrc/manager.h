@@ -2,23 +2,27 @@
 // The offload engine behind one OffloadManager: saves tensors into pooled host buffers, restores
 // them (from a prefetched copy when one is ready), bounds copies in flight and keeps statistics.
 // Thread-safe: backward runs on autograd worker threads while the main thread may still save.
+//
+// Its parts: the tiers that hold the bytes (host_tier.h, disk_tier.h), the window of saves kept on
+// the device (device_window.h), the batch of pending device-to-host copies (copy_batch.h), the
+// background releaser of sources and buffers (deferred_releaser.h) and the save hooks' tables
+// (saved_regions.h, save_filter.h). The Manager holds the live handles' entries and ties them
+// together: one mutex (mutex_) guards the entries, their save order, the window, the batch and the
+// event counters, which change together. Device copies are started under it; the in-flight bound
+// and a tier's IO are waited for without it, so that other threads' saves and restores go on.
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <c10/core/Stream.h>
 
-#include <atomic>
-#include <condition_variable>
 #include <list>
 #include <memory>
 #include <mutex>
-#include <optional>
-#include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "copy_batch.h"
 #include "deferred_releaser.h"
 #include "device_transfer.h"
+#include "device_window.h"
 #include "disk_tier.h"
 #include "host_tier.h"
 #include "manager_config.h"
@@ -65,7 +69,7 @@ class Manager : public std::enable_shared_from_this<Manager> {
   // by a batch. Other threads' saves, synchronous managers and the disk tier copy one by one.
   void begin_batch();
   void end_batch();
-  static constexpr size_t kMaxBatch = 16;  // pending sources stay on the device until issued
+  static constexpr size_t kMaxBatch = CopyBatch::kMaxCopies;  // pending sources stay on the device
 
   // A later save shares the copy of the handle whose storage context is `key` (SavedRegions):
   // backward unpacks that save first, so the entry moves to the newest end of the save order that
@@ -104,8 +108,8 @@ class Manager : public std::enable_shared_from_this<Manager> {
   int64_t id() const { return id_; }
   const ManagerConfig& config() const { return config_; }
   // The window of saves kept on the device (ManagerConfig::keep_on_device_bytes), now and from
-  // here on: a smaller one copies its oldest entries out at once (manager_window.cpp).
-  int64_t keep_on_device_bytes() const { return keep_limit_.load(); }
+  // here on: a smaller one copies its oldest entries out at once (device_window.h).
+  int64_t keep_on_device_bytes() const { return window_.limit(); }
   void set_keep_on_device_bytes(int64_t bytes);
 
  private:
@@ -123,14 +127,17 @@ class Manager : public std::enable_shared_from_this<Manager> {
     FencePtr last_fence;                 // latest queued copy that touches the tier's memory
     at::Tensor prefetched;               // device copy started ahead of the restore
     FencePtr prefetch_done;
-    // The device source while the entry is kept on the device (keep_on_device_bytes): no copy
-    // started, the host memory unwritten. Held until the handle dies once a restore used it.
+    // The device source while the entry is kept on the device (keep_on_device_bytes, or a batch
+    // that could not be issued): no copy started, the host memory unwritten. Every other path
+    // treats such an entry as one whose bytes are not in host memory yet: nothing prefetches it,
+    // and a restore that needs its host bytes (another device, a view of its handle) copies it out
+    // first (evict_locked). Held until the handle dies once a restore used it.
     at::Tensor kept_source;
-    bool in_window = false;     // kept and still counted in the window of the newest saves
-    bool copy_pending = false;  // its copy waits in pending_ (a batch): no fence, no source yet
+    bool in_window = false;     // kept and still counted in window_ (at window_pos)
+    bool copy_pending = false;  // its copy waits in batch_: no fence, no source yet
     bool restored = false;
     std::list<const void*>::iterator order_pos;
-    std::list<const void*>::iterator window_pos;
+    DeviceWindow::Position window_pos;
   };
   // The context of a handle's storage: it frees the entry when the handle dies, and tells which
   // manager a tensor belongs to. Its address is the entry's key.
@@ -139,35 +146,17 @@ class Manager : public std::enable_shared_from_this<Manager> {
   };
   static void free_handle(void* context);
 
+  // Methods named *_locked are called with mutex_ held.
   Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> transfer,
           std::unique_ptr<HostAllocator> allocator);
   DeviceTransfer* transfer_for(c10::Device device) const;
   static c10::Device with_index(c10::Device device);
   // The handle for `stored`: a tensor shaped like `like` whose storage is owned by a HandleContext.
   at::Tensor make_handle(StoredTensor& stored, const at::Tensor& like);
-  // The entry of `handle`, or null for a tensor no manager saved; throws for another manager's
-  // handle and for a view of a handle that holds no data.
-  Entry* find_entry_locked(const at::Tensor& handle, const char* op);
   void on_handle_freed(const void* key);
-  void check_unmodified(const Entry& entry) const;
-  void prefetch_before_locked(const Entry& restored, c10::Device device, DeviceTransfer* transfer);
-  // Walks the entries saved before `before`, newest first, on `device` and not yet restored:
-  // starts the device copy of up to `copies` of those in host memory, reads up to `reads` of the
-  // others ahead (disk tier). Automatic prefetch in backward and prefetch_newest.
-  void prefetch_walk_locked(std::list<const void*>::iterator before, c10::Device device,
-                            DeviceTransfer* transfer, int64_t copies, int64_t reads);
-  // Starts the device copy of `entry` that its next restore will take.
-  // Copies `bytes` (the entry's resident host bytes) to `device` ahead of the restore.
-  void start_prefetch_locked(Entry& entry, const void* bytes, c10::Device device,
-                             DeviceTransfer* transfer);
-  // The device copy of `host` (the entry's data) for a restore, ordered before compute-stream use.
-  at::Tensor copy_for_restore_locked(Entry& entry, const void* host, c10::Device device,
-                                     DeviceTransfer* transfer);
   at::Tensor host_tensor(const Entry& entry, const void* data) const;
-  // Counts a restore of `out` from `entry` and prefetches what backward needs next.
-  void finish_restore_locked(Entry& entry, const at::Tensor& out, c10::Device device,
-                             DeviceTransfer* transfer);
 
+  // The save side: a save's copy to host memory and its entry.
   struct ToHostCopy {
     FencePtr done;  // null when the copy was synchronous
     double host_wait_ms = 0.0;
@@ -183,29 +172,22 @@ class Manager : public std::enable_shared_from_this<Manager> {
   // Records `copy` (its fence, its source) as the entry's copy to host memory.
   static void set_copy_to_host(Entry& entry, const ToHostCopy& copy);
 
-  // The window of saves kept on the device (keep_on_device_bytes; manager_window.cpp).
-  // Throws a clear error for a window size this manager cannot take.
-  void check_keep_on_device_bytes(int64_t bytes) const;
-  // Whether `src` (contiguous, on a device with a transfer) is kept instead of copied.
-  bool keeps_on_device(const at::Tensor& src, const DeviceTransfer* transfer) const;
-  // Adds `key` (its entry's kept_source set) to the window, then copies out the oldest entries
-  // until the window fits.
+  // The entries kept on the device (window_, keep_on_device_bytes). Adds `key` (its entry's
+  // kept_source set) to the window, then copies out the oldest entries until the window fits.
   void enter_window_locked(const void* key, Entry& entry);
+  // Copies out the window's oldest entries until it fits its limit.
+  void shrink_window_locked();
   // Starts the deferred copy of a kept entry to host memory: from here on it is like any other.
   void evict_locked(Entry& entry);
   void leave_window_locked(Entry& entry);
   // A restore served by the kept source: a new tensor on the source's memory.
   at::Tensor restore_kept_locked(Entry& entry, c10::Device device, DeviceTransfer* transfer);
 
-  // The batch (manager_batch.cpp): copies queued by saves since begin_batch, not issued yet.
-  struct PendingCopy {
-    const void* key;         // the entry's
-    at::Tensor source;       // contiguous, on the device
-    at::Tensor destination;  // the entry's host memory
-  };
-  // Whether a save of `src` into a tier joins this thread's batch.
+  // The copies queued by saves since begin_batch, not issued yet (batch_). Whether a save of `src`
+  // into a tier joins this thread's batch.
   bool joins_batch(const at::Tensor& src, const DeviceTransfer* transfer, const Tier* tier) const;
-  // Queues the copy of the entry `key` (just added); issues the batch when it is full.
+  // Queues the copy of the entry `key` (just added), after issuing the pending ones where they came
+  // from another stream. A full batch is issued by the caller, without the lock (issue_batch).
   void add_to_batch_locked(const void* key, const at::Tensor& src, const at::Tensor& destination);
   // Issues the pending copies, if any: their entries get the batch's fence and their sources go to
   // the releaser. If the copies cannot be issued, their entries keep their sources on the device
@@ -213,6 +195,29 @@ class Manager : public std::enable_shared_from_this<Manager> {
   void issue_batch_locked();
   // issue_batch_locked after waiting for the in-flight bound (not under the lock).
   void issue_batch();
+
+  // The restore side: the entry of a handle, its restore, and the prefetches of what backward
+  // restores next (the entries saved before it, save_order_ walked towards the oldest). The entry
+  // of `handle`, or null for a tensor no manager saved; throws for another manager's
+  // handle and for a view of a handle that holds no data.
+  Entry* find_entry_locked(const at::Tensor& handle, const char* op);
+  void check_unmodified(const Entry& entry) const;
+  void prefetch_before_locked(const Entry& restored, c10::Device device, DeviceTransfer* transfer);
+  // Walks the entries saved before `before`, newest first, on `device` and not yet restored:
+  // starts the device copy of up to `copies` of those in host memory, reads up to `reads` of the
+  // others ahead (disk tier). Automatic prefetch in backward and prefetch_newest.
+  void prefetch_walk_locked(std::list<const void*>::iterator before, c10::Device device,
+                            DeviceTransfer* transfer, int64_t copies, int64_t reads);
+  // Starts the device copy of `entry` that its next restore will take.
+  // Copies `bytes` (the entry's resident host bytes) to `device` ahead of the restore.
+  void start_prefetch_locked(Entry& entry, const void* bytes, c10::Device device,
+                             DeviceTransfer* transfer);
+  // The device copy of `host` (the entry's data) for a restore, ordered before compute-stream use.
+  at::Tensor copy_for_restore_locked(Entry& entry, const void* host, c10::Device device,
+                                     DeviceTransfer* transfer);
+  // Counts a restore of `out` from `entry` and prefetches what backward needs next.
+  void finish_restore_locked(Entry& entry, const at::Tensor& out, c10::Device device,
+                             DeviceTransfer* transfer);
 
   // A source taken out of its entry, to be released after the compute stream waits for its copy.
   struct HeldSource {
@@ -231,21 +236,14 @@ class Manager : public std::enable_shared_from_this<Manager> {
   std::unique_ptr<DiskTier> disk_;  // null without disk_dir
   std::vector<Tier*> save_tiers_;   // where saves go, first choice first
 
+  // Guards entries_, save_order_, window_, batch_ and counters_ (see the top of this file).
   std::mutex mutex_;
   std::unordered_map<const void*, Entry> entries_;  // keyed by the handle's HandleContext
   std::list<const void*> save_order_;               // live entries, oldest first
-  std::list<const void*> window_;                   // entries kept on the device, oldest first
-  int64_t window_bytes_ = 0;
-  std::atomic<int64_t> keep_limit_{
-      0};                  // the window's size: config's, then set_keep_on_device_bytes
+  DeviceWindow window_;    // entries kept on the device; its limit is read without the lock
   OffloadStats counters_;  // the event counters part of the stats
 
-  std::vector<PendingCopy> pending_;  // the batch, in save order
-  c10::Stream batch_stream_{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};  // its sources' producer
-  // The thread whose saves are batched now (read without the lock by saves), and its nested
-  // begin_batch calls (under the lock).
-  std::atomic<std::thread::id> batch_thread_{};
-  int batch_depth_ = 0;
+  CopyBatch batch_;  // its batching thread is read without the lock by saves
 
   std::unique_ptr<SavedRegions> regions_;  // uses save / restore above
   SaveFilters filters_;

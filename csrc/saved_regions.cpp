@@ -89,12 +89,6 @@ at::Tensor view_of(const c10::Storage& storage, c10::DispatchKeySet keys, caffe2
   return out;
 }
 
-std::mutex default_scope_mutex;
-BackwardScope& default_scope() {
-  static BackwardScope scope{[] { return int64_t{-1}; }, [](std::function<void()>) {}};
-  return scope;
-}
-
 // An alias of t without autograd history (and with a version counter of its own): what the engine
 // holds of t (the source of a copy in flight, a source kept on the device) must not hold t's graph,
 // which holds the save handles, which hold the engine's entries: an uncollectable cycle when
@@ -107,16 +101,6 @@ at::Tensor plain_alias(const at::Tensor& t) {
 }
 
 }  // namespace
-
-void set_default_backward_scope(BackwardScope scope) {
-  std::lock_guard<std::mutex> lock(default_scope_mutex);
-  default_scope() = std::move(scope);
-}
-
-BackwardScope default_backward_scope() {
-  std::lock_guard<std::mutex> lock(default_scope_mutex);
-  return default_scope();
-}
 
 SavedRegions::SavedRegions(Manager& manager, BackwardScope scope)
     : manager_(manager), scope_(std::move(scope)) {}

@@ -33,25 +33,12 @@
 #include <utility>
 #include <vector>
 
+#include "backward_scope.h"
 #include "offload_stats.h"
 
 namespace torch_offload {
 
 class Manager;
-
-// What the autograd engine tells about the backward running on this thread; the ops layer passes
-// the engine's own, tests pass fakes.
-struct BackwardScope {
-  // The id of the backward running on this thread, -1 outside any.
-  std::function<int64_t()> current_task;
-  // Runs `callback` when the current backward ends (called only inside one).
-  std::function<void(std::function<void()>)> at_end;
-};
-
-// The engine's own scope (set by the ops layer when the library loads); without one, every unpack
-// restores its copy (nothing shared).
-void set_default_backward_scope(BackwardScope scope);
-BackwardScope default_backward_scope();
 
 class SavedRegions {
  public:

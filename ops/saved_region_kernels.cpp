@@ -11,6 +11,7 @@
 
 #include <tuple>
 
+#include "csrc/backward_scope.h"
 #include "csrc/manager.h"
 #include "csrc/manager_registry.h"
 

@@ -3,12 +3,12 @@
 // without grad that is no weight, as rotary cos / sin), and the batch's end offloads them all, one
 // after the other (offload_held).
 //
-// Why: in a host-bound step (a 4k modules step's forward, measured in session 21) each save's trip
-// through the engine cost ~11 us of the step's host thread, against ~3-6 us for the same calls made
-// back to back: the engine's code and data go cold between saves, while the model's own ops run.
-// Held, a save costs the hook a few checks and a SavedView; the engine then sees the call's saves
-// in one run, before the batch's copies are issued. (Handing them to a worker thread instead was
-// slower: benchmarks/results/session21_background_worker.patch.)
+// Why: in a host-bound step (the forward of a "modules" step whose host thread is the bottleneck)
+// each save's trip through the engine cost ~11 us of the step's host thread, against ~3-6 us for
+// the same calls made back to back: the engine's code and data go cold between saves, while the
+// model's own ops run. Held, a save costs the hook a few checks and a SavedView; the engine then
+// sees the call's saves in one run, before the batch's copies are issued. Handing them to a worker
+// thread instead was slower (docs/performance.md).
 //
 // What a held save keeps: the tensor (as autograd would), its version when saved, and whether the
 // caller checked it is no weight. Backward reads it as it was; changed in place before the batch's

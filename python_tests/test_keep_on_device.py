@@ -1,5 +1,5 @@
 """keep_on_device_bytes: the newest saves stay on the GPU uncopied (the engine's window,
-csrc/manager_window.cpp). Every mode trains exactly as before with it, the kept restores are
+csrc/device_window.h). Every mode trains exactly as before with it, the kept restores are
 counted, and the option is refused where it cannot apply, naming it. The engine's own tests (with
 a fake asynchronous device) are tests/test_manager_window.cpp; here the CUDA cases run the window
 for real."""

@@ -1,6 +1,6 @@
 // The real CUDA path under concurrency, on every tier: threads that save and restore their own
-// GPU tensors on their own streams, and one handle restored by eight threads at once. Run on the
-// GPU machine, also under compute-sanitizer (memcheck, racecheck). Skipped without a CUDA device.
+// GPU tensors on their own streams, and one handle restored by eight threads at once. Meant to be
+// run under compute-sanitizer (memcheck, racecheck) too. Skipped without a CUDA device.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>

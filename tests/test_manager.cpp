@@ -206,8 +206,7 @@ TEST_F(ManagerTest, RestoringATensorThatIsNotALiveHandleReturnsAPlainCopy) {
 // Regression test. A view of a handle with the same data pointer, sizes and dtype as the handle
 // but other strides (the transpose of a square handle) used to be taken for the handle itself by
 // Manager::restore's live-handle lookup, which returned the handle's values instead of the view's.
-// This test failed against csrc/manager.cpp before commit 7396009, which now also compares strides
-// and the storage offset.
+// The lookup (Manager::find_entry_locked) compares strides and the storage offset too.
 TEST_F(ManagerTest, RestoringATransposedViewOfASquareHandleReturnsTheViewsValues) {
   make(ManagerConfig{});
   at::Tensor x = make_tensor({4, 4}, at::kFloat, 4);

@@ -1,13 +1,15 @@
-// Manager's batches of device-to-host copies (Manager::begin_batch, manager_batch.cpp), on CPU
+// Manager's batches of device-to-host copies (Manager::begin_batch, copy_batch.h), on CPU
 // tensors driven through the fake asynchronous transfer: saves queue their copies until the batch
 // ends, one fence serves the batch, anything that uses a pending copy issues it first, and nothing
-// is lost when a handle dies, the batch fills, another thread saves or the issue fails.
+// is lost when a handle dies, the batch fills, another thread saves or the issue fails. Then the
+// batch's own state (CopyBatch) on its own.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <thread>
 #include <vector>
 
+#include "csrc/copy_batch.h"
 #include "manager_fixture.h"
 
 namespace torch_offload {
@@ -186,6 +188,52 @@ TEST_F(BatchTest, ABatchThatCannotBeIssuedKeepsItsSourcesAndRaises) {
   EXPECT_TRUE(at::equal(restore(h0), xs[0]));
   EXPECT_EQ(transfer_->count(Kind::kToHost), 0);
   EXPECT_EQ(stats().restores_kept_on_device, 2);
+}
+
+// The batch's own state: one batching thread, whose nested begins end at the outermost end, and
+// pending copies of one producer stream, taken in save order.
+TEST(CopyBatchTest, NestsOnItsThreadAndClosesAtTheOutermostEnd) {
+  CopyBatch batch;
+  EXPECT_FALSE(batch.open_on_this_thread());
+  EXPECT_FALSE(batch.close()) << "never begun";
+  batch.take_over();
+  batch.nest();
+  EXPECT_TRUE(batch.open_on_this_thread());
+  std::thread([&] { EXPECT_FALSE(batch.open_on_this_thread()) << "another thread's"; }).join();
+  EXPECT_FALSE(batch.close()) << "the nested end";
+  EXPECT_TRUE(batch.open_on_this_thread());
+  EXPECT_TRUE(batch.close()) << "the outermost end";
+  EXPECT_FALSE(batch.open_on_this_thread());
+
+  batch.take_over();
+  std::thread([&] {
+    batch.take_over();
+    EXPECT_TRUE(batch.close());
+  }).join();
+  EXPECT_FALSE(batch.close()) << "taken over by another thread";
+}
+
+TEST(CopyBatchTest, TakesThePendingCopiesOfOneProducerInSaveOrder) {
+  CopyBatch batch;
+  const at::Tensor src = at::zeros({4});
+  const c10::Stream producer = CopyBatch::producer_of(src);
+  const c10::Stream other(c10::Stream::UNSAFE, c10::Device(c10::kCPU), producer.id() + 1);
+  EXPECT_TRUE(batch.empty());
+  EXPECT_TRUE(batch.accepts(other)) << "an empty batch takes any producer";
+  std::vector<int> keys(CopyBatch::kMaxCopies);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_FALSE(batch.full());
+    batch.add(CopyBatch::Copy{&keys[i], src, at::empty({4})}, producer);
+  }
+  EXPECT_TRUE(batch.full());
+  EXPECT_EQ(batch.stream(), producer);
+  EXPECT_TRUE(batch.accepts(producer));
+  EXPECT_FALSE(batch.accepts(other)) << "one producer per batch";
+  const std::vector<CopyBatch::Copy> taken = batch.take();
+  ASSERT_EQ(taken.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(taken[i].key, &keys[i]);
+  EXPECT_TRUE(batch.empty());
+  EXPECT_TRUE(batch.accepts(other));
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The window of saves kept on the device (ManagerConfig::keep_on_device_bytes), on CPU tensors
 // through the fake asynchronous transfer: what is kept is never copied and restores from its own
 // memory, what the window pushes out is copied like any other save, and every other path (views of
-// a kept handle, in-place checks, handles dying early, prefetch) stays correct.
+// a kept handle, in-place checks, handles dying early, prefetch) stays correct. Then the window's
+// own bookkeeping (DeviceWindow) on its own.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "csrc/device_window.h"
 #include "manager_fixture.h"
 
 namespace torch_offload {
@@ -198,6 +200,34 @@ TEST_F(ManagerTest, KeepOnDeviceIsRefusedWithSynchronousCopiesAndWithADiskTier) 
   error = error_of([&] { manager->set_keep_on_device_bytes(1024); });
   EXPECT_NE(error.find("synchronous=True"), std::string::npos) << error;
   EXPECT_THROW(manager->set_keep_on_device_bytes(-1), c10::Error);
+}
+
+// The window's own bookkeeping: its bytes follow what entered and left, the oldest key is the next
+// to go, and what a save may keep depends on the limit only.
+TEST(DeviceWindowTest, CountsTheBytesOfItsKeysAndGivesTheOldestFirst) {
+  DeviceWindow window;
+  EXPECT_FALSE(window.keeps(100, true)) << "a window of 0 bytes keeps nothing";
+  window.set_limit(300);
+  EXPECT_TRUE(window.keeps(300, true));
+  EXPECT_FALSE(window.keeps(301, true)) << "larger than the window";
+  EXPECT_FALSE(window.keeps(0, true)) << "nothing to keep";
+  EXPECT_FALSE(window.keeps(100, false)) << "no transfer: copied synchronously";
+  int a = 0, b = 0, c = 0;
+  const DeviceWindow::Position pa = window.enter(&a, 100);
+  const DeviceWindow::Position pb = window.enter(&b, 150);
+  EXPECT_EQ(window.bytes(), 250);
+  EXPECT_FALSE(window.over_limit());
+  const DeviceWindow::Position pc = window.enter(&c, 100);
+  EXPECT_TRUE(window.over_limit());
+  EXPECT_EQ(window.oldest(), &a);
+  window.leave(pa);
+  EXPECT_FALSE(window.over_limit());
+  EXPECT_EQ(window.oldest(), &b);
+  window.leave(pc);  // a newer key leaves first (restored, or its handle died)
+  EXPECT_EQ(window.bytes(), 150);
+  EXPECT_EQ(window.oldest(), &b);
+  window.leave(pb);
+  EXPECT_EQ(window.bytes(), 0);
 }
 
 }  // namespace

@@ -5,10 +5,10 @@
 // are small, so what is timed is bookkeeping (the work a host-bound step pays on its main thread).
 // Copies complete at once, so with a bound on copies in flight every batch also waits for the
 // releaser thread to have released the one before (a wake-up each way): max_in_flight 0 (no bound)
-// leaves the bookkeeping alone. Session 23 (2-core CPU machine): 1.8 ms per step with the bound
-// of 4, 0.44-0.47 ms without (1.5-1.6 us per save; engine_host_cost_session23_cpu.log); on the
-// H100's host the engine's forward took ~4 ms per step (session 22's phase timers), its caches
-// cold between the model's ops.
+// leaves the bookkeeping alone. On a 2-core CPU host: 1.8 ms per step with the bound of 4,
+// 0.44-0.47 ms without (1.5-1.6 us per save); inside a real training step on a GPU host the
+// engine's forward took ~4 ms per step, its caches cold between the model's ops
+// (docs/performance.md).
 //
 //   build/benchmarks/cpp/engine_host_cost [steps] [max_in_flight]
 #include <ATen/ATen.h>
@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "csrc/backward_scope.h"
 #include "csrc/manager.h"
 
 namespace {

@@ -5,7 +5,7 @@ A forward saves B bytes and computes for T seconds; while it computes, the link 
 bandwidth x T of them. What it cannot carry stalls the forward (the host waits on the bound of
 copies in flight) or is still queued when backward starts, and backward needs the newest saves
 first, so it waits for their copies out and back. After each training step the manager's window of
-saves kept on the GPU (OffloadManager.set_keep_on_device_bytes, csrc/manager_window.cpp) is set to
+saves kept on the GPU (OffloadManager.set_keep_on_device_bytes, csrc/device_window.h) is set to
 that excess, B - bandwidth x T, plus a margin: the newest saves of the next forward stay where they
 are and never cross the link. It costs that much GPU memory at the turn from forward to backward:
 where the link is far slower than the forward (offloading everything at short sequences), most of
