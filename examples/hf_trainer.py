@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
 """Activation offloading in a Hugging Face Trainer run, turned on with one callback.
 
-Trains the same random Llama twice with transformers' Trainer on the same in-memory data: once as
-is, once with callbacks=[torch_offload.integrations.OffloadCallback(MODE)], and prints both runs'
-losses (equal), the engine's statistics, and on a GPU the peak device memory of each run.
+Trains the same random Llama twice with transformers' Trainer on the same in-memory data and prints
+both runs' losses (equal), the engine's statistics, and on a GPU the peak device memory of each run.
+
+--mode hidden_states (the default): both runs use the Trainer's own gradient checkpointing,
+TrainingArguments(gradient_checkpointing=True, gradient_checkpointing_kwargs=...); the second adds
+callbacks=[OffloadCallback("hidden_states", hf_checkpointing=True)], which runs that checkpointing
+with torch_offload's checkpoint (each checkpointed layer's input in host memory), its keywords kept.
+--mode all | sync | disk: the first run is plain training, the second adds OffloadCallback(MODE).
 TRL's SFTTrainer is a Trainer: the same callback works there. Config values as axolotl writes them:
 OffloadCallback.from_config("true" | "legacy" | "disk" | "hidden_states", layer_offloading=...).
 
@@ -64,11 +69,14 @@ def build(size, device):
     return LlamaForCausalLM(config).to(device)
 
 
-def train(model, size, device, callbacks, out_dir):
+def train(model, size, device, callbacks, out_dir, checkpointing):
     bf16 = device == "cuda"
+    # The Trainer's own gradient checkpointing, with the keywords transformers passes to the checkpoint.
+    checkpoint_args = dict(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False})
     args = TrainingArguments(output_dir=out_dir, use_cpu=device == "cpu", bf16=bf16, max_steps=size["steps"],
                              per_device_train_batch_size=1, learning_rate=1e-4, logging_steps=1, seed=0,
-                             report_to=[], save_strategy="no", disable_tqdm=True)
+                             report_to=[], save_strategy="no", disable_tqdm=True,
+                             **(checkpoint_args if checkpointing else {}))
     log = LossLog()
     trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(size["steps"], size["seq"], size["vocab"]),
                       callbacks=[log, *callbacks])
@@ -85,21 +93,26 @@ def main():
     parser.add_argument("--mode", default="hidden_states", help="hidden_states, all, sync, disk")
     args = parser.parse_args()
     size = GPU_SIZE if args.device == "cuda" else CPU_SIZE
-    options = {} if args.mode == "hidden_states" or args.device == "cuda" else {"min_bytes": 0}
+    checkpointing = args.mode == "hidden_states"
+    if checkpointing:  # ours runs the Trainer's gradient checkpointing
+        offload = OffloadCallback("hidden_states", hf_checkpointing=True)
+        reference_name = "transformers' checkpointing"
+    else:
+        offload = OffloadCallback(args.mode, **({} if args.device == "cuda" else {"min_bytes": 0}))
+        reference_name = "plain training"
     model = build(size, args.device)
     reference = copy.deepcopy(model)
     with tempfile.TemporaryDirectory() as out_dir:
-        plain_losses, plain_peak = train(reference, size, args.device, [], out_dir)
+        reference_losses, reference_peak = train(reference, size, args.device, [], out_dir, checkpointing)
         del reference
-        offload = OffloadCallback(args.mode, **options)
-        losses, peak = train(model, size, args.device, [offload], out_dir)
-    print(f"plain training:        losses {plain_losses}")
+        losses, peak = train(model, size, args.device, [offload], out_dir, checkpointing)
+    print(f"{reference_name}: losses {reference_losses}")
     print(f"offloading ({args.mode}): losses {losses}")
     if peak is not None:
-        print(f"peak allocated: plain {plain_peak:.2f} GiB, offloading {peak:.2f} GiB")
+        print(f"peak allocated: {reference_name} {reference_peak:.2f} GiB, offloading {peak:.2f} GiB")
     stats = offload.stats
     print(f"offloaded {stats['bytes_to_host'] / 2**20:.1f} MiB to host in {int(stats['saves'])} saves")
-    if losses != plain_losses:
+    if losses != reference_losses:
         sys.exit("the losses differ")
 
 

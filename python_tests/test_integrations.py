@@ -1,6 +1,8 @@
 """torch_offload.integrations with a real transformers Trainer: every mode trains a tiny random
 Llama to the same per-step losses and final weights as the same Trainer run without offloading
-(fp32, CPU, no dropout), and the config values axolotl and TRL users write map to our modes."""
+(fp32, CPU, no dropout), the callback checks its mode and options when it is made, and the config
+values axolotl and TRL users write map to our modes. The Hugging Face gradient checkpointing route:
+test_hf_gradient_checkpointing.py."""
 import copy
 import warnings
 
@@ -134,8 +136,9 @@ def test_enable_on_a_built_trainer(tmp_path):
 ])
 def test_config_values_map_to_modes(value, expected):
     assert from_config(value, layer_offloading=True) == {"mode": expected, "layer_offloading": True}
-    callback = OffloadCallback.from_config(value, layer_offloading=True, max_in_flight=2)
-    assert (callback.mode, callback.options) == (expected, {"layer_offloading": True, "max_in_flight": 2})
+    # chunked_loss: an apply() keyword every mode takes (mode=None takes no mode option).
+    callback = OffloadCallback.from_config(value, layer_offloading=True, chunked_loss=True)
+    assert (callback.mode, callback.options) == (expected, {"layer_offloading": True, "chunked_loss": True})
 
 
 def test_config_errors_name_the_key():
@@ -145,6 +148,48 @@ def test_config_errors_name_the_key():
         from_config(False)
     with pytest.raises(ValueError, match="layer_offloading must be true or false"):
         from_config("disk", layer_offloading="yes")
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: OffloadCallback("hiden_states"), ValueError, r"OffloadCallback\(mode='hiden_states'\): unknown mode"),
+    (lambda: OffloadCallback("all", min_byte=0), TypeError,
+     r"OffloadCallback\(mode='all'\) got an unexpected keyword argument 'min_byte' \(did you mean min_bytes=\?\)"),
+    (lambda: OffloadCallback("hidden_states", min_bytes=0), TypeError, r"'min_bytes' \(mode='hidden_states' offloads"),
+    (lambda: OffloadCallback("all", min_bytes=-1), ValueError, r"OffloadCallback\(mode='all'\): min_bytes=-1"),
+    (lambda: OffloadCallback("modules"), ValueError,
+     r"OffloadCallback\(mode='modules'\): mode='modules' needs targets"),
+    (lambda: OffloadCallback("selective", policy="attention+fc9"), ValueError,
+     r"OffloadCallback\(mode='selective'\): .*policy='attention\+fc9'"),
+    (lambda: OffloadCallback("hidden_states", manager=torch_offload.OffloadManager(), max_in_flight=2), ValueError,
+     r"pass either manager= or the options that build one \(max_in_flight\)"),
+    (lambda: OffloadCallback.from_config(False, layer_offloading=True, max_in_flight=2), TypeError,
+     r"OffloadCallback\(mode=None\) got an unexpected keyword argument 'max_in_flight'"),
+    (lambda: OffloadCallback("all", hf_checkpointing=True), ValueError,
+     r"hf_checkpointing=True\): mode='all' offloads saved activations and recomputes nothing"),
+    (lambda: OffloadCallback("hidden_states", hf_checkpointing=True, every_n_layers=2), TypeError,
+     r"'every_n_layers' \(with hf_checkpointing=True it comes from TrainingArguments"),
+    (lambda: OffloadCallback("hidden_states", hf_checkpointing=True, layer_offloading=True), TypeError,
+     r"'layer_offloading' \(layer offloading comes with torch_offload.apply"),
+    (lambda: OffloadCallback("hidden_states", hf_checkpointing="yes"), TypeError, r"hf_checkpointing='yes'"),
+], ids=["unknown_mode", "misspelt_option", "option_of_another_mode", "bad_value", "modules_without_targets",
+        "bad_policy", "manager_and_options", "option_without_a_mode", "hf_route_mode", "hf_route_every_n_layers",
+        "hf_route_layer_offloading", "hf_route_flag"])
+def test_callback_checks_mode_and_options_when_made(make, error, match):
+    # Before any Trainer or model exists: a wrong mode or option is reported where it was written.
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_apply_route_says_the_trainers_checkpointing_keywords_are_not_used(tmp_path):
+    model = _model()
+    callback = OffloadCallback("hidden_states")
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=1, per_device_train_batch_size=2,
+                             report_to=[], save_strategy="no", disable_tqdm=True, gradient_checkpointing=True,
+                             gradient_checkpointing_kwargs={"use_reentrant": True})
+    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset(), callbacks=[callback])
+    with pytest.warns(UserWarning, match=r"is not used; OffloadCallback\('hidden_states', hf_checkpointing=True\)"):
+        trainer.train()
+    assert callback.stats["saves"] > 0
 
 
 def test_accelerate_prepared_model_matches_plain():
@@ -204,7 +249,9 @@ _plain_sft_losses = []
     lambda: OffloadCallback("hidden_states"),
     lambda: OffloadCallback("all", min_bytes=0),
     lambda: OffloadCallback.from_config("true", min_bytes=0),  # axolotl's activation_offloading: true
-], ids=["hidden_states", "all", "axolotl_true"])
+    # SFTConfig turns the model's own gradient checkpointing on by default: ours runs it.
+    lambda: OffloadCallback("hidden_states", hf_checkpointing=True),
+], ids=["hidden_states", "all", "axolotl_true", "hf_checkpointing"])
 def test_trl_sft_trainer_losses_equal_plain_run(tmp_path, make_callback):
     pytest.importorskip("trl")
     if not _plain_sft_losses:

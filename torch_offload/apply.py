@@ -111,24 +111,7 @@ def apply(
     On a Hugging Face model apply() turns the model's own gradient checkpointing off and, in the
     checkpointing modes, sets config.use_cache=False (with a warning); remove() restores both.
     """
-    name = ALIASES.get(mode, mode) if isinstance(mode, (str, bool)) else mode
-    if name is not None and name not in MODES:
-        names = tuple(MODES) + tuple(k for k in ALIASES if isinstance(k, str))
-        raise ValueError(f"torch_offload.apply: unknown mode {mode!r}; expected one of {names} or None")
-    spec = MODES[name] if name is not None else _NONE
-    if type(mode) is _DefaultMode:
-        call, said = "torch_offload.apply()", f"mode={name!r} (the default)"
-    else:
-        call = said = f"mode={mode!r}"
-        call = f"torch_offload.apply({call})"
-    for default_none in ("targets", "presets"):
-        if default_none in options and options[default_none] is None:
-            del options[default_none]  # the default, written out
-    opts = parse(spec.options_type, options, call, said, spec.hints, _TAKEN_BY)
-    clashing = [key for key in options if key in spec.manager_keywords()]
-    if manager is not None and clashing:
-        raise ValueError(f"{call}: pass either manager= or the options that build one ({', '.join(clashing)}), "
-                         "not both")
+    spec, opts, call = read_options(mode, options, manager)
     if spec.wraps_blocks or layer_offloading:
         blocks = blocks_to_wrap(model, blocks)
     elif blocks is not None:
@@ -155,3 +138,28 @@ def apply(
         raise
     handle.layers, handle.chunked_loss = layers, loss
     return handle
+
+
+def read_options(mode, options: dict, manager=None, call: str = None):
+    """(the Mode, its options dataclass, the call as errors name it) for apply(model, mode, **options):
+    what apply() checks before it looks at the model. Raises ValueError for an unknown mode,
+    TypeError / ValueError for an option the mode does not take or a wrong value (naming the keyword
+    and the mode), ValueError for manager= together with the options that build one. `call`: the
+    caller's name in errors (default: torch_offload.apply(mode=...))."""
+    name = ALIASES.get(mode, mode) if isinstance(mode, (str, bool)) else mode
+    if name is not None and name not in MODES:
+        names = tuple(MODES) + tuple(k for k in ALIASES if isinstance(k, str))
+        raise ValueError(f"{call or 'torch_offload.apply'}: unknown mode {mode!r}; expected one of {names} or None")
+    spec = MODES[name] if name is not None else _NONE
+    if type(mode) is _DefaultMode:
+        call, said = call or "torch_offload.apply()", f"mode={name!r} (the default)"
+    else:
+        said = f"mode={mode!r}"
+        call = call or f"torch_offload.apply({said})"
+    options = {k: v for k, v in options.items() if not (k in ("targets", "presets") and v is None)}  # defaults
+    opts = parse(spec.options_type, options, call, said, spec.hints, _TAKEN_BY)
+    clashing = [key for key in options if key in spec.manager_keywords()]
+    if manager is not None and clashing:
+        raise ValueError(f"{call}: pass either manager= or the options that build one ({', '.join(clashing)}), "
+                         "not both")
+    return spec, opts, call

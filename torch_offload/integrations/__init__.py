@@ -1,6 +1,8 @@
-"""Turning offloading on where users train: Hugging Face Trainer / TRL SFTTrainer (a callback),
-models prepared by accelerate, and the values axolotl and TRL configs use for the mode.
+"""Turning offloading on where users train: a Hugging Face model's own gradient checkpointing
+(gradient_checkpointing_enable), Hugging Face Trainer / TRL SFTTrainer (a callback), models prepared
+by accelerate, and the values axolotl and TRL configs use for the mode.
 
+    handle = torch_offload.integrations.gradient_checkpointing_enable(model)   # transformers' terms
     trainer = Trainer(..., callbacks=[torch_offload.integrations.OffloadCallback("hidden_states")])
     torch_offload.integrations.enable(trainer, "all", min_bytes=0)      # or on a built trainer
     handle = torch_offload.integrations.apply_prepared(accelerator.prepare(model), "hidden_states")
@@ -11,7 +13,8 @@ TrainerCallback); `import torch_offload.integrations` alone does not.
 import importlib
 
 _WHERE = {"OffloadCallback": "hf_trainer", "enable": "hf_trainer", "apply_prepared": "accelerate_model",
-          "unwrap": "accelerate_model", "from_config": "config"}
+          "unwrap": "unwrapping", "from_config": "config", "gradient_checkpointing_enable": "hf_checkpointing",
+          "HFCheckpointingHandle": "hf_checkpointing"}
 
 
 def __getattr__(name):
@@ -26,4 +29,5 @@ def __dir__():
     return sorted(list(globals()) + list(_WHERE))
 
 
-__all__ = ["OffloadCallback", "apply_prepared", "enable", "from_config", "unwrap"]
+__all__ = ["HFCheckpointingHandle", "OffloadCallback", "apply_prepared", "enable", "from_config",
+           "gradient_checkpointing_enable", "unwrap"]

@@ -3,14 +3,7 @@ it): offloading is applied to the model inside, whose decoder layers apply() can
 from torch import nn
 
 from ..apply import OffloadHandle, apply
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside accelerate's wrappers (DDP/DataParallel `.module`, torch.compile's
-    `_orig_mod`), found the way accelerate does (accelerate.utils.extract_model_from_parallel)."""
-    from accelerate.utils import extract_model_from_parallel
-
-    return extract_model_from_parallel(model, keep_fp32_wrapper=True)
+from .unwrapping import unwrap
 
 
 def apply_prepared(model: nn.Module, mode="hidden_states", **apply_options) -> OffloadHandle:
@@ -18,3 +11,6 @@ def apply_prepared(model: nn.Module, mode="hidden_states", **apply_options) -> O
     prepare (the wrappers run the same inner modules, so wrapping their forwards takes effect) and
     before training; handle.remove() undoes it."""
     return apply(unwrap(model), mode, **apply_options)
+
+
+__all__ = ["apply_prepared", "unwrap"]

@@ -1,27 +1,64 @@
 """OffloadCallback: a Hugging Face TrainerCallback that turns offloading on when training begins
 (on the model the Trainer trains, after its own setup: accelerate's prepare, gradient checkpointing)
-and undoes it when training ends. Works with any Trainer subclass (TRL's SFTTrainer included)."""
+and undoes it when training ends. Works with any Trainer subclass (TRL's SFTTrainer included).
+
+Two routes: apply(model, mode, **options) (any mode; the model's own gradient checkpointing is turned
+off, ours replaces it), or with hf_checkpointing=True the Trainer's own gradient checkpointing
+(TrainingArguments(gradient_checkpointing=True, gradient_checkpointing_kwargs=...)) running
+torch_offload's checkpoint, its keywords and every_n_layers kept (hf_checkpointing.take_over).
+"""
+import warnings
 from typing import Optional
 
 from transformers import TrainerCallback
 
-from ..apply import OffloadHandle, apply
+from ..apply import OffloadHandle, apply, read_options
 from .config import from_config
+from .hf_checkpointing import OFFLOAD_REFUSED, check_options, take_over
+
+# apply()'s keywords that are not the mode's options.
+_APPLY_KEYWORDS = ("blocks", "manager", "layer_offloading", "chunked_loss")
+# Options that mean something on the other route.
+_HF_ROUTE_HINTS = {
+    "every_n_layers": "with hf_checkpointing=True it comes from TrainingArguments(gradient_checkpointing_kwargs="
+                      "{'every_n_layers': n})",
+    "gradient_checkpointing_kwargs": "with hf_checkpointing=True they come from TrainingArguments("
+                                     "gradient_checkpointing_kwargs=...)",
+    "use_reentrant": "with hf_checkpointing=True it comes from TrainingArguments(gradient_checkpointing_kwargs="
+                     "{'use_reentrant': True})",
+}
 
 
 class OffloadCallback(TrainerCallback):
     """callbacks=[OffloadCallback("hidden_states")]: apply(model, mode, **options) for the run.
 
     `mode` and options as for torch_offload.apply (e.g. OffloadCallback("all", min_bytes=0),
-    OffloadCallback(None, layer_offloading=True)). `handle` is the OffloadHandle while training
-    runs (stats()); `stats` keeps the last run's statistics after it ended.
+    OffloadCallback(None, layer_offloading=True)), checked when the callback is made: a wrong mode or
+    option raises here, naming it. hf_checkpointing=True (modes "hidden_states" and "selective"): the
+    Trainer's own gradient checkpointing (TrainingArguments(gradient_checkpointing=True)) runs
+    torch_offload's checkpoint, with TrainingArguments' gradient_checkpointing_kwargs and
+    every_n_layers; options as for integrations.gradient_checkpointing_enable. `handle` is the handle
+    while training runs (stats()); `stats` keeps the last run's statistics after it ended.
     """
 
-    def __init__(self, mode="hidden_states", **options):
+    def __init__(self, mode="hidden_states", *, hf_checkpointing: bool = False, **options):
+        if not isinstance(hf_checkpointing, bool):
+            raise TypeError(f"torch_offload.integrations.OffloadCallback: hf_checkpointing={hf_checkpointing!r}; "
+                            "expected True or False")
+        call = f"torch_offload.integrations.OffloadCallback(mode={mode!r}" + (
+            ", hf_checkpointing=True)" if hf_checkpointing else ")")
+        if hf_checkpointing:
+            options_only = {k: v for k, v in options.items() if k != "manager"}
+            check_options(mode, options_only, call, options.get("manager"), _HF_ROUTE_HINTS)
+        else:  # what apply() checks before it looks at the model
+            read_options(mode, {k: v for k, v in options.items() if k not in _APPLY_KEYWORDS}, options.get("manager"),
+                         call)
         self.mode = mode
+        self.hf_checkpointing = hf_checkpointing
         self.options = options
         self.handle: Optional[OffloadHandle] = None
         self.stats: dict = {}
+        self._call = call
 
     @classmethod
     def from_config(cls, activation_offloading=None, layer_offloading: bool = False, **options):
@@ -35,6 +72,24 @@ class OffloadCallback(TrainerCallback):
             raise ValueError("torch_offload.integrations.OffloadCallback: the Trainer passed no model")
         if self.handle is not None:  # a run that ended without on_train_end (an exception)
             self.handle.remove()
+            self.handle = None
+        checkpoint_kwargs = getattr(args, "gradient_checkpointing_kwargs", None) or {}
+        if self.hf_checkpointing:
+            if isinstance(checkpoint_kwargs, dict) and checkpoint_kwargs.get("offload"):
+                raise ValueError(f"{self._call}: TrainingArguments(gradient_checkpointing_kwargs=...) has "
+                                 f"offload=True: {OFFLOAD_REFUSED}")
+            # The Trainer enabled checkpointing with args' keywords (every_n_layers and offload taken out,
+            # TRL's additions put in): take_over keeps those it installed.
+            self.handle = take_over(model, self.mode, self._call,
+                                    "TrainingArguments.gradient_checkpointing_kwargs (as the model's gradient "
+                                    "checkpointing runs them)", **self.options)
+            return
+        if (self.mode in ("hidden_states", "selective") and checkpoint_kwargs
+                and getattr(args, "gradient_checkpointing", False)):
+            warnings.warn(f"{self._call}: apply() replaces the model's gradient checkpointing with its own, so "
+                          f"TrainingArguments(gradient_checkpointing_kwargs={checkpoint_kwargs!r}) is not used; "
+                          f"OffloadCallback({self.mode!r}, hf_checkpointing=True) runs the Trainer's checkpointing "
+                          "with them")
         self.handle = apply(model, self.mode, **self.options)
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -45,7 +100,8 @@ class OffloadCallback(TrainerCallback):
 
 
 def enable(trainer, mode="hidden_states", **options) -> OffloadCallback:
-    """Adds an OffloadCallback(mode, **options) to a built Trainer; returns the callback."""
+    """Adds an OffloadCallback(mode, **options) to a built Trainer (hf_checkpointing=True too);
+    returns the callback."""
     callback = OffloadCallback(mode, **options)
     trainer.add_callback(callback)
     return callback

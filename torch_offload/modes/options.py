@@ -159,27 +159,30 @@ def field_names(options_type) -> tuple:
 
 
 def parse(options_type, keywords: dict, call: str, mode: str, hints: Dict[str, str] = None,
-          taken_by: Dict[str, Iterable[str]] = None):
+          taken_by: Dict[str, Iterable[str]] = None, refused: Dict[str, str] = None, extra: tuple = ()):
     """options_type(**keywords), with errors that name the call (`call`, as the user wrote it: e.g.
     "torch_offload.apply(mode='all')"), the mode (`mode`: "mode='all'", or for the default
     "mode='hidden_states' (the default)") and the keyword written.
 
     An unknown keyword is a TypeError that says why (`hints`, the mode's own first, then HINTS; else
     which other modes take it, from `taken_by`: keyword -> mode names; else the closest option or
-    apply() keyword) and lists what the mode takes; a wrong value is a ValueError or TypeError."""
-    takes = field_names(options_type)
+    apply() keyword) and lists what the mode takes; a wrong value is a ValueError or TypeError.
+    `refused`: fields the caller does not take (field -> why); `extra`: keywords the caller takes
+    besides the fields (listed, not checked here)."""
+    refused = refused or {}
+    takes = tuple(name for name in field_names(options_type) if name not in refused)
     for name in keywords:
         if name in takes:
             continue
-        hint = (hints or {}).get(name) or HINTS.get(name)
+        hint = refused.get(name) or (hints or {}).get(name) or HINTS.get(name)
         others = [repr(m) for m in (taken_by or {}).get(name, ())]
         if hint is None and others:
             hint = (f"{name} is for mode={others[0]}" if len(others) == 1 else
                     f"{name} is for modes {', '.join(others[:-1])} and {others[-1]}")
         if hint is None:
-            close = difflib.get_close_matches(name, takes + APPLY_KEYWORDS, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(name, takes + (extra or APPLY_KEYWORDS), n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}=?" if close else None
-        listed = ", ".join(takes) if takes else "no options"
+        listed = ", ".join(takes + extra) if takes + extra else "no options"
         raise TypeError(f"{call} got an unexpected keyword argument {name!r}" + (f" ({hint})" if hint else "")
                         + f"; {mode} takes: {listed}")
     try:

@@ -121,12 +121,15 @@ class SelectiveOptions(HiddenStatesOptions):
 
 
 def _check_policy(policy, use_reentrant: bool) -> None:
-    fast = is_fast_policy(policy)  # raises for a bad projection group
+    try:
+        fast = is_fast_policy(policy)  # raises for a bad projection group
+        if not fast:
+            resolve(policy)
+    except (TypeError, ValueError) as error:
+        raise OptionError(str(error), type(error)) from None
     if use_reentrant and not fast:
         raise OptionError(f"use_reentrant=True takes the named policies ('attention', 'attention+fc2', ...), "
                           f"got policy={policy!r}")
-    if not fast:
-        resolve(policy, "torch_offload.apply(mode='selective')")
 
 
 class SelectiveForward(BlockForward):

@@ -38,16 +38,18 @@ POLICIES = {"attention": attention, "attention_save": attention_save}
 SAVES_PER_BLOCK = 3
 
 
-def resolve(policy, caller: str):
+def resolve(policy, caller: str = None):
     """A policy function from a name in POLICIES, a list of ops (kept, as in torch's
-    create_selective_checkpoint_contexts) or a policy function."""
+    create_selective_checkpoint_contexts) or a policy function. Errors start with `caller: ` where
+    given."""
+    caller = f"{caller}: " if caller else ""
     if isinstance(policy, str):
         if policy not in POLICIES and (policy == "attention_qkv" or policy.startswith("attention+")):
-            raise ValueError(f"{caller}: policy={policy!r} (projection groups) needs the blocks' modules "
+            raise ValueError(f"{caller}policy={policy!r} (projection groups) needs the blocks' modules "
                              "(apply(mode='selective'), selective_checkpoint(block=), torch_offload.compile); "
                              "here use 'attention' or a policy function")
         if policy not in POLICIES:
-            raise ValueError(f"{caller}: unknown policy={policy!r}; expected one of {sorted(POLICIES)} "
+            raise ValueError(f"{caller}unknown policy={policy!r}; expected one of {sorted(POLICIES)} "
                              "(eager selective also 'attention+qkv' and other projection groups), "
                              "a list of ops or a policy function")
         return POLICIES[policy]
@@ -55,10 +57,10 @@ def resolve(policy, caller: str):
         ops = frozenset(policy)
         for op in ops:
             if not isinstance(op, torch._ops.OpOverload):
-                raise ValueError(f"{caller}: policy lists ops as OpOverloads (torch.ops.aten.mm.default), "
+                raise ValueError(f"{caller}policy lists ops as OpOverloads (torch.ops.aten.mm.default), "
                                  f"got {op!r}")
         return lambda ctx, op, *a, **k: (CheckpointPolicy.MUST_SAVE if op in ops
                                          else CheckpointPolicy.PREFER_RECOMPUTE)
     if callable(policy):
         return policy
-    raise TypeError(f"{caller}: policy must be a name, a list of ops or a function, got {type(policy).__name__}")
+    raise TypeError(f"{caller}policy must be a name, a list of ops or a function, got {type(policy).__name__}")
