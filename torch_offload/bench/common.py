@@ -3,6 +3,7 @@ shapes, the random-init Llama builder, synced step timing, pinned-memory bandwid
 header and the markdown run table."""
 import datetime
 import gc
+import re
 import shlex
 import statistics
 import sys
@@ -88,9 +89,23 @@ def timed_steps(step, steps: int, seq: int, device) -> dict:
     return row
 
 
+RATIOS = ("x_checkpointing",)  # the ratio columns: shown only where both rows were measured
+
+
+def moved_nothing_cell(reason: str) -> str:
+    """A table cell for a run that moved nothing, from the reason NothingOffloadedWarning gave:
+    "N saved tensors were under min_bytes=M (...); ..." reads "min_bytes=M above every saved
+    activation" (the rest were parameters or buffers, never offloaded); another reason, its first
+    clause."""
+    small = re.match(r"\d+ saved tensors were under min_bytes=(\d+)", reason)
+    return "moved nothing: " + (f"min_bytes={small.group(1)} above every saved activation" if small
+                                else reason.split("; ")[0])
+
+
 def table(runs, columns) -> list:
     """Markdown table lines for benchmark runs: seq, variant, then `columns` as (title, key, format);
-    a missing value shows "-", a failed run its error."""
+    a missing value shows "-", a failed run its error, and a ratio column of a run that offloaded
+    nothing ("moved_nothing": why) says so instead of a number."""
     lines = ["| seq | variant | " + " | ".join(title for title, _, _ in columns) + " |",
              "|---|---|" + "---|" * len(columns)]
     for r in runs:
@@ -98,6 +113,9 @@ def table(runs, columns) -> list:
             cells = [r["error"]] + [""] * (len(columns) - 1)
         else:
             cells = [fmt.format(r[key]) if r.get(key) is not None else "-" for _, key, fmt in columns]
+            if r.get("moved_nothing"):
+                cells = [moved_nothing_cell(r["moved_nothing"]) if key in RATIOS else cell
+                         for (_, key, _), cell in zip(columns, cells)]
         lines.append(f"| {r['seq']} | {r['variant']} | " + " | ".join(cells) + " |")
     return lines
 
@@ -132,9 +150,11 @@ def add_link_utilisation(row: dict, bandwidth: dict) -> None:
 
 
 def add_ratios(rows: list) -> None:
-    """x_checkpointing: tokens/s over the checkpointing run's at the same sequence length."""
+    """x_checkpointing: tokens/s over the checkpointing run's at the same sequence length, only where
+    both were measured; not for a run of an offloading mode that moved nothing ("moved_nothing"),
+    whose speed is no result of offloading."""
     baseline = {r["seq"]: r["tokens_per_s"] for r in rows
                 if r["variant"] == "checkpointing" and "tokens_per_s" in r}
     for r in rows:
-        if r["seq"] in baseline and "tokens_per_s" in r:
+        if r["seq"] in baseline and "tokens_per_s" in r and not r.get("moved_nothing"):
             r["x_checkpointing"] = r["tokens_per_s"] / baseline[r["seq"]]
