@@ -17,6 +17,7 @@ PUBLIC = [
     "compile", "default_manager", "detach_logits", "find_blocks", "gather_stats", "library_path",
     "offload_activations", "offload_layers", "offload_modules", "offload_restore", "offload_save", "reset_stats",
     "sdpa_is_causal", "select_modules", "selective_checkpoint", "selective_offload_contexts", "stats",
+    "TiledMLPHandle", "tile_mlp", "tiled_compute",
 ]
 MAX_CHAIN = 7  # modules in the longest chain of imports inside the package
 

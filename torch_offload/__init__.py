@@ -20,6 +20,8 @@ from .loss.lm_loss import ChunkedLossHandle, chunk_lm_loss
 from ._engine.manager import OffloadManager, default_manager, reset_stats, stats
 from .targets.module_offload import ModuleOffloadHandle, offload_modules
 from .targets.selection import select_modules
+from .tiling.sequence_tiles import tiled_compute
+from .tiling.tiled_mlp import TiledMLPHandle, tile_mlp
 from ._engine.node_budget import gather_stats
 from .modes.selective import selective_checkpoint
 from .policies.per_op import selective_offload_contexts
@@ -65,4 +67,7 @@ __all__ = [
     "selective_checkpoint",
     "selective_offload_contexts",
     "stats",
+    "TiledMLPHandle",
+    "tile_mlp",
+    "tiled_compute",
 ]

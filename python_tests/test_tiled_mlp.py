@@ -1,0 +1,148 @@
+"""Sequence-tiled MLPs (torch_offload.tile_mlp, tiled_compute): the same training as untiled, every
+gradient bit-equal but the tiled modules' parameters', which are sums over tiles (bounded here), inside
+every checkpointing mode and with LoRA adapters; the memory a tile saves; clear errors."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import torch_offload
+from conftest import DEVICES
+from test_models import _tiny_llama
+
+# fp32 parameter gradients of a tiled module: the tiles' sums in another order than one matrix
+# product's (a few ulps, times the square root of the number of tiles). Everything else is computed
+# row by row alike: bit-equal on CPU; on CUDA the matrix-product library may pick another algorithm
+# for a tile's size, so there the bound applies to every gradient.
+TILE_SUM_RTOL = 1e-6
+
+
+def _step(model, ids):
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same_training(reference, tiled, tiled_names):
+    (ref_loss, ref_grads), (loss, grads) = reference, tiled
+    exact = loss.device.type == "cpu"
+    assert torch.equal(loss, ref_loss) if exact else torch.allclose(loss, ref_loss, rtol=TILE_SUM_RTOL)
+    assert grads.keys() == ref_grads.keys()
+    for name, grad in grads.items():
+        if not exact or any(name.startswith(prefix) for prefix in tiled_names):
+            error = ((grad - ref_grads[name]).norm() / ref_grads[name].norm()).item()
+            assert error <= TILE_SUM_RTOL, (name, error)
+        else:
+            assert torch.equal(grad, ref_grads[name]), name
+
+
+def _mlp_names(model):
+    return [name + "." for name, module in model.named_modules() if name.endswith(".mlp")]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", [None, "hidden_states", "selective", "all"])
+def test_tiled_mlp_trains_like_the_untiled_model(device, mode):
+    base = _tiny_llama(device, 0.0)
+    ids = torch.randint(0, 256, (2, 300), device=device)
+    reference = copy.deepcopy(base)
+    if mode not in (None, "all"):
+        reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ours = copy.deepcopy(base)
+    handle = torch_offload.apply(ours, mode, min_bytes=0) if mode == "all" else (
+        torch_offload.apply(ours, mode) if mode else None)
+    tiles = torch_offload.tile_mlp(ours, tile_tokens=128)  # 3 tiles of 300 tokens
+    assert len(tiles.mlps) == len(ours.model.layers)
+    _assert_same_training(_step(reference, ids), _step(ours, ids), _mlp_names(ours))
+    tiles.remove()
+    if handle is not None:
+        handle.remove()
+    assert all("forward" not in layer.mlp.__dict__ for layer in ours.model.layers)
+
+
+def test_lora_adapters_on_the_projections_train_tiled():
+    peft = pytest.importorskip("peft")
+    base = _tiny_llama("cpu", 0.0)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj", "q_proj"],
+                             init_lora_weights=False)  # B not zero: every adapter gets a gradient
+    reference = peft.get_peft_model(copy.deepcopy(base), config)
+    ours = copy.deepcopy(reference)
+    torch_offload.apply(ours, "hidden_states")
+    reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    reference.enable_input_require_grads()
+    torch_offload.tile_mlp(ours, tile_tokens=100)
+    ids = torch.randint(0, 256, (1, 260))
+    ref, got = _step(reference, ids), _step(ours, ids)
+    assert got[1] and all("lora_" in name for name in got[1])  # only the adapters train
+    _assert_same_training(ref, got, [n + "." for n, m in ours.named_modules() if n.endswith(".mlp")])
+
+
+def test_tiled_compute_on_its_own():
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+    x = torch.randn(3, 50, 16, requires_grad=True)
+    out = torch_offload.tiled_compute(mlp, x, tile_tokens=7, params=list(mlp.parameters()))
+    expected = mlp(x)
+    # A tile's rows are computed as the whole's but by a product of another size, whose kernel may
+    # block its sums differently: equal to rounding.
+    torch.testing.assert_close(out, expected, rtol=TILE_SUM_RTOL, atol=1e-7)
+    grad = torch.randn_like(out)
+    mine = torch.autograd.grad(out, [x, *mlp.parameters()], grad)
+    theirs = torch.autograd.grad(expected, [x, *mlp.parameters()], grad)
+    for a, b in zip(mine, theirs):
+        assert ((a - b).norm() / b.norm()).item() <= TILE_SUM_RTOL
+    with torch.no_grad():  # nothing to differentiate: tiles one after another, the same output
+        assert torch.equal(torch_offload.tiled_compute(mlp, x, tile_tokens=7), out.detach())
+
+
+def test_a_tile_saves_only_the_input():
+    mlp = nn.Sequential(nn.Linear(32, 512), nn.GELU(), nn.Linear(512, 32))
+    x = torch.randn(1, 1000, 32, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        torch_offload.tiled_compute(mlp, x, tile_tokens=100, params=list(mlp.parameters())).sum().backward()
+    # x and the parameters, nothing of width 512 per token; untiled, the intermediates are saved.
+    assert max(saved) < 1000 * 512
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        mlp(x).sum()
+    assert max(saved) == 1000 * 512
+
+
+def test_default_tile_keeps_a_tiles_intermediates_within_the_input():
+    tile = torch_offload.tiling.sequence_tiles.default_tile_tokens(524288, 4096, 14336)
+    assert 3 * tile * 14336 <= 524288 * 4096 and tile >= 1024
+    assert torch_offload.tiling.sequence_tiles.default_tile_tokens(1000, 64, 128) == 1000  # one tile
+    assert torch_offload.tiling.sequence_tiles.default_tile_tokens(3000, 64, 128) == 1000  # equal tiles
+
+
+def test_errors_name_the_argument():
+    model = _tiny_llama("cpu", 0.0)
+    with pytest.raises(ValueError, match="tile_tokens=0"):
+        torch_offload.tile_mlp(model, tile_tokens=0)
+    handle = torch_offload.tile_mlp(model)
+    with pytest.raises(ValueError, match="tiled already"):
+        torch_offload.tile_mlp(model)
+    handle.remove()
+    with pytest.raises(ValueError, match="tile_tokens=-1"):
+        torch_offload.tiled_compute(nn.Identity(), torch.randn(2, 3), tile_tokens=-1)
+    torch_offload.offload_layers(model)
+    with pytest.raises(ValueError, match="layer offloading"):
+        torch_offload.tile_mlp(model)
+
+
+def test_a_module_returning_more_than_a_tensor_is_refused():
+    class TwoOutputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.proj(x), x.sum()
+
+    module = TwoOutputs()
+    torch_offload.tile_mlp(None, mlps=[module], tile_tokens=2)
+    with pytest.raises(TypeError, match="returned tuple, not one tensor"):
+        module(torch.randn(1, 5, 8, requires_grad=True))

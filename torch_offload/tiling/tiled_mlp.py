@@ -1,0 +1,120 @@
+"""tile_mlp(model): each decoder layer's MLP computed over tiles of the sequence (tiled_compute.py),
+in the forward, in a checkpoint's recompute and in backward.
+
+The MLP modules are found by the "mlp" module preset (targets/presets.py: mlp, feed_forward, ffn, ...)
+inside the blocks (default: the decoder layers), or given. Each gets a forward wrapper: its input's
+sequence dimension (the one before the features) is cut into tiles whose intermediates take no more
+memory than the input itself (default_tile_tokens; `tile_tokens=` fixes it), decided once per
+sequence length so that a forward and its recompute tile alike. An MLP called with more than its
+input, or returning anything but one tensor (a mixture of experts' router logits), runs untiled.
+"""
+from typing import Iterable, List, Optional
+
+import torch
+from torch import nn
+
+from ..blocks import BlockForward, find_blocks, set_forward
+from ..copies import NotPicklable, copy_attributes
+from ..targets.presets import preset_modules
+from .sequence_tiles import default_tile_tokens, tiled_compute
+
+_LAYER_OFFLOADED = "_torch_offload_layer"  # the mark layers/frozen_weights.py leaves on a block
+
+
+def _intermediate(mlp: nn.Module) -> int:
+    """The widest output of the MLP's Linear modules (its intermediate size)."""
+    widths = [m.out_features for m in mlp.modules() if isinstance(m, nn.Linear)]
+    if not widths:
+        raise ValueError(f"torch_offload.tile_mlp: {type(mlp).__name__} has no Linear modules; pass the "
+                         "position-wise modules to tile as mlps=[...]")
+    return max(widths)
+
+
+class TiledForward(BlockForward):
+    """An MLP's forward over tiles of the sequence while its input has more tokens than a tile."""
+
+    _pickled_what = "the tiled forward of an MLP"
+
+    def __init__(self, mlp: nn.Module, tile_tokens: Optional[int]):
+        super().__init__(mlp)
+        self.tile_tokens = tile_tokens
+        self.intermediate = _intermediate(mlp)
+        self.tiles = {}  # sequence length -> tokens per tile, decided at its first call
+
+    def __call__(self, x, *args, **kwargs):
+        if args or kwargs or not isinstance(x, torch.Tensor) or x.dim() < 2:
+            return self.run(x, *args, **kwargs)
+        tokens = x.shape[-2]
+        tile = self.tile_tokens or self.tiles.get(tokens)
+        if tile is None:
+            tile = self.tiles[tokens] = default_tile_tokens(tokens, x.shape[-1], self.intermediate,
+                                                            element_size=x.element_size())
+        params = [p for p in self.block.parameters() if p.requires_grad]  # read now: FSDP2 swaps them
+        return tiled_compute(self._run_one, x, tile, dim=-2, params=params)
+
+    def _run_one(self, x):
+        out = self.run(x)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"torch_offload.tile_mlp: {type(self.block).__name__} returned {type(out).__name__}, "
+                            "not one tensor; only position-wise modules that return their output alone can be "
+                            "tiled (leave it out with mlps=[...])")
+        return out
+
+
+class TiledMLPHandle(NotPicklable):
+    """What tile_mlp() returns: the tiled modules (`mlps`) and remove()."""
+
+    _pickled_what = "its TiledMLPHandle"
+
+    def __init__(self, wrappers: List[TiledForward]):
+        self._wrappers = wrappers
+
+    @property
+    def mlps(self) -> List[nn.Module]:
+        return [wrapper.block for wrapper in self._wrappers]
+
+    def __deepcopy__(self, memo):
+        return copy_attributes(self, memo)
+
+    def remove(self) -> None:
+        for wrapper in self._wrappers:
+            set_forward(wrapper.block, wrapper.inner)
+        self._wrappers = []
+
+
+def find_mlps(model: nn.Module, blocks: Optional[Iterable[nn.Module]] = None) -> List[nn.Module]:
+    """The MLP module of each block (the "mlp" preset: mlp, feed_forward, ffn, block_sparse_moe)."""
+    blocks = list(blocks) if blocks is not None else find_blocks(model)
+    mlps = []
+    for block in blocks:
+        found = preset_modules(block, "mlp").include  # raises when a block has none
+        mlps.extend(block.get_submodule(name) for name in found)
+    return mlps
+
+
+def tile_mlp(model: nn.Module, blocks: Optional[Iterable[nn.Module]] = None, *,
+             mlps: Optional[Iterable[nn.Module]] = None, tile_tokens: Optional[int] = None) -> TiledMLPHandle:
+    """Computes each MLP of `model` over tiles of the sequence (see the module's docstring): no
+    tokens x intermediate tensor exists at once, in forward or backward. `blocks`: where to find the
+    MLPs (default: the decoder layers); `mlps`: the position-wise modules to tile instead;
+    `tile_tokens`: tokens per tile (default: from the sequence length, so that a tile's
+    intermediates take no more memory than the MLP's input). Works inside checkpointed blocks (every
+    mode of apply) and with PEFT adapters on the projections; not with layer offloading (its frozen
+    weights leave the device when a block's forward returns, before the tiles' backward). Returns a
+    handle whose remove() undoes it."""
+    if tile_tokens is not None and (not isinstance(tile_tokens, int) or tile_tokens < 1):
+        raise ValueError(f"torch_offload.tile_mlp: tile_tokens={tile_tokens!r}; expected an int >= 1")
+    blocks = list(blocks) if blocks is not None else (find_blocks(model) if mlps is None else None)
+    modules = list(mlps) if mlps is not None else find_mlps(model, blocks)
+    if not modules:
+        raise ValueError("torch_offload.tile_mlp: no MLP to tile (mlps is empty)")
+    if any(isinstance(m.__dict__.get("forward"), TiledForward) for m in modules):
+        raise ValueError("torch_offload.tile_mlp: an MLP is tiled already; call remove() first")
+    if any(_LAYER_OFFLOADED in block.__dict__ for block in (blocks or ()) if mlps is None):
+        raise ValueError("torch_offload.tile_mlp: the blocks' frozen weights are offloaded (layer offloading), "
+                         "and are on the device only while a block's forward runs, while a tiled MLP recomputes "
+                         "its tiles in backward; use one or the other")
+    wrappers = [TiledForward(mlp, tile_tokens) for mlp in modules]
+    for wrapper in wrappers:
+        set_forward(wrapper.block, wrapper)
+    return TiledMLPHandle(wrappers)
