@@ -285,3 +285,32 @@ def test_apply_passes_a_dict_of_chunk_lm_loss_keywords():
     with pytest.raises(ValueError, match="grads_in_forward=1"):
         torch_offload.apply(model, "hidden_states", chunked_loss={"grads_in_forward": 1})
     assert "forward" not in model.__dict__  # nothing left behind
+
+
+def test_a_peft_model_as_users_hold_it_takes_the_chunked_loss():
+    """apply(peft_model, chunked_loss=True) and chunk_lm_loss(peft_model): the base model's loss is
+    chunked, the PeftModel's forward reaches it; the adapters train as with the model's own loss."""
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    ids, labels = batch()
+
+    def train(chunked):
+        model = peft.get_peft_model(tiny_llama(), config)
+        handle = torch_offload.apply(model, "hidden_states", chunked_loss=chunked) if chunked else None
+        out = model(input_ids=ids, labels=labels)
+        out.loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        return model, handle, out, grads
+
+    _, _, reference, reference_grads = train(False)
+    model, handle, out, grads = train(16)
+    assert out.logits is None  # the chunked loss ran
+    close(out.loss, reference.loss)
+    assert grads.keys() == reference_grads.keys() and all("lora_" in n for n in grads)
+    for name, grad in grads.items():
+        close(grad, reference_grads[name])
+    handle.remove()
+    assert model(input_ids=ids, labels=labels).logits is not None
+    handle = torch_offload.chunk_lm_loss(model, 16)
+    assert model(input_ids=ids, labels=labels).logits is None
+    handle.remove()

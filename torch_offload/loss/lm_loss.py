@@ -131,15 +131,28 @@ class ChunkedLossHandle(NotPicklable):
         self.model.__dict__.pop(_WRAPPED, None)
 
 
+def _causal_lm(model: nn.Module) -> nn.Module:
+    """The Hugging Face model whose loss to chunk: a PEFT model's base model (PeftModel calls its
+    forward, whose wrapper then serves both), else `model`."""
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base) and not hasattr(type(model), "loss_function"):
+        base = get_base()
+        if isinstance(base, nn.Module) and base is not model:
+            return base
+    return model
+
+
 def chunk_lm_loss(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, *,
                   grads_in_forward: bool = False) -> ChunkedLossHandle:
     """Makes a Hugging Face causal LM compute its training loss chunk_tokens tokens at a time
     (chunked_causal_lm_loss): called with `labels` in training mode with grad enabled, it returns the
     same loss (fp32 mean cross-entropy over the shifted labels that are not ignore_index, or divided
     by num_items_in_batch) with `logits=None`; in evaluation, without grad or without labels it runs
-    unchanged. Works before or after FSDP2's fully_shard. Returns a handle; remove() undoes it.
+    unchanged. Works before or after FSDP2's fully_shard, and on a PEFT model as users hold it (its base
+    model's loss is chunked). Returns a handle; remove() undoes it.
     grads_in_forward=True: the loss's gradients are computed in the forward (no second pass over the
     logits in backward; one backward per forward): see chunked_loss.py."""
+    model = _causal_lm(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not isinstance(head, nn.Linear):
         raise TypeError(f"torch_offload.chunk_lm_loss: {type(model).__name__} has no nn.Linear LM head "
