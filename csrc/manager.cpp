@@ -24,6 +24,20 @@ c10::Device Manager::with_index(c10::Device device) {
   return c10::impl::getDeviceGuardImpl(device.type())->getDevice();
 }
 
+// Checked before with_index: without a GPU, asking CUDA for its current device fails with the
+// driver's error, which names neither the op nor the device the caller passed.
+c10::Device Manager::target_device(c10::Device device, const char* op) const {
+  if (device.is_cpu() || transfer_for_all_devices_) return with_index(device);
+  TORCH_CHECK(device.is_cuda(), op, ": device='", device, "' is not supported (CPU and CUDA are)");
+  TORCH_CHECK(transfer_ != nullptr, op, ": device='", device,
+              "', but no CUDA device is visible to this process (torch.cuda.is_available() is "
+              "False) or torch_offload was built without CUDA");
+  const c10::DeviceIndex count = c10::impl::getDeviceGuardImpl(device.type())->deviceCount();
+  TORCH_CHECK(!device.has_index() || device.index() < count, op, ": device='", device,
+              "', but this process sees ", static_cast<int>(count), " CUDA device(s)");
+  return with_index(device);
+}
+
 std::shared_ptr<Manager> Manager::create(const ManagerConfig& config,
                                          std::shared_ptr<DeviceTransfer> transfer,
                                          std::unique_ptr<HostAllocator> allocator) {
@@ -422,7 +436,7 @@ at::Tensor Manager::restore(const at::Tensor& handle, c10::Device device) {
   TORCH_CHECK(handle.defined() && handle.is_cpu(),
               "offload_restore: the handle must be the CPU tensor returned by offload_save");
   finished_sources_.drop();
-  device = with_index(device);
+  device = target_device(device, "offload_restore");
   DeviceTransfer* transfer = transfer_for(device);
   std::unique_lock<std::mutex> lock(mutex_);
   issue_batch_locked();  // a pending copy (of this entry or the ones prefetched next) has no fence
@@ -527,7 +541,7 @@ void Manager::finish_restore_locked(Entry& entry, const at::Tensor& out, c10::De
 void Manager::prefetch(const at::Tensor& handle, c10::Device device) {
   TORCH_CHECK(handle.defined() && handle.is_cpu(),
               "prefetch: the handle must be the CPU tensor returned by offload_save");
-  device = with_index(device);
+  device = target_device(device, "prefetch");
   DeviceTransfer* transfer = transfer_for(device);
   std::lock_guard<std::mutex> lock(mutex_);
   issue_batch_locked();
@@ -546,7 +560,7 @@ void Manager::prefetch(const at::Tensor& handle, c10::Device device) {
 }
 
 void Manager::prefetch_newest(c10::Device device, int64_t count) {
-  device = with_index(device);
+  device = target_device(device, "prefetch_newest");
   DeviceTransfer* transfer = transfer_for(device);
   if (config_.synchronous || transfer == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);

@@ -151,6 +151,9 @@ class Manager : public std::enable_shared_from_this<Manager> {
           std::unique_ptr<HostAllocator> allocator);
   DeviceTransfer* transfer_for(c10::Device device) const;
   static c10::Device with_index(c10::Device device);
+  // with_index(device) for a copy to `device` that `op` asked for, after checking that this process
+  // can copy there: an error naming `op` and the device rather than one of CUDA's.
+  c10::Device target_device(c10::Device device, const char* op) const;
   // The handle for `stored`: a tensor shaped like `like` whose storage is owned by a HandleContext.
   at::Tensor make_handle(StoredTensor& stored, const at::Tensor& like);
   void on_handle_freed(const void* key);

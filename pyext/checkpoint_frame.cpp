@@ -12,7 +12,7 @@
 // The semantics are torch's (torch/utils/checkpoint.py):
 // - the function is recomputed once per backward (graph task, or GraphExecGroup), on the first
 //   unpack, and each recomputed tensor is handed out once, then dropped (a second unpack is an
-//   error);
+//   error; under a GraphExecGroup, which all its backwards share, it names their overlap);
 // - an unpack outside any backward recomputes for itself;
 // - early stop: the recompute stops (StopRecompute) once it has saved what the forward saved;
 // - the determinism check compares the count and each tensor's shape, dtype and device, and raises
@@ -25,6 +25,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <map>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -211,10 +212,20 @@ PyObject* frame_unpack(PyObject* self, PyObject* index_object) {
   }
   std::vector<at::Tensor>& values = entry->second.values;
   if (index >= values.size() || !values[index].defined()) {
+    // Under a GraphExecGroup every backward shares one recompute, so two backwards that need the
+    // same saved tensor are the likely cause: torch's message says so there, and so does ours.
+    const char* overlap =
+        entry->second.group != nullptr
+            ? "Performing two backward calls that overlap (i.e. require the same saved activation "
+              "in order to compute gradients) is not allowed while under the "
+              "torch.utils.checkpoint.GraphExecGroup context. "
+            : "";
     return torch_offload_pyext::raise_checkpoint_error(
-        "torch_offload.checkpoint: Unpack is being triggered for a tensor that was already "
-        "unpacked once. If you are calling ctx.saved_tensors in backward, make sure to do so only "
-        "once. Otherwise please open an issue with details on your use case.");
+        std::string("torch_offload.checkpoint: Unpack is being triggered for a tensor that was "
+                    "already unpacked once. ") +
+        overlap +
+        "If you are calling ctx.saved_tensors in backward, make sure to do so only once. "
+        "Otherwise please open an issue with details on your use case.");
   }
   at::Tensor value = std::move(values[index]);
   values[index] = at::Tensor();

@@ -11,10 +11,13 @@ tensor-subclass dispatch sizes, DataParallel and multi-GPU device-state inferenc
 helpers, unchanged by us).
 """
 
+import contextlib
+import os
+
 import pytest
 import torch
 from torch import nn
-from torch.utils.checkpoint import CheckpointError, set_checkpoint_early_stop
+from torch.utils.checkpoint import CheckpointError, GraphExecGroup, set_checkpoint_early_stop
 
 from conftest import DEVICES, cuda_only
 from torch_checkpoint_pair import _assert_matches_torch, ours, theirs
@@ -349,3 +352,61 @@ def test_retain_graph_backward_twice_recomputes_twice():
     first = x.grad.clone()
     out.sum().backward()
     assert torch.equal(x.grad, 2 * first) and len(runs) == 3
+
+
+@pytest.fixture(params=["c", "python"])
+def checkpoint_hooks(request, monkeypatch):
+    """Runs a test with our non-reentrant checkpoint's C hooks (pyext/checkpoint_frame.cpp) and again
+    with the Python path a build without them takes (torch's own implementation): the prefix of a
+    CheckpointError says which one served."""
+    from torch_offload.checkpointing import drop_in, nonreentrant
+    if request.param == "python":
+        monkeypatch.setattr(drop_in, "c_checkpoint_hooks_available", lambda: False)
+        return "torch.utils.checkpoint:"
+    if not nonreentrant.available():
+        if os.environ.get("TORCH_OFFLOAD_PYTHON_SAVE_HOOKS") == "1":
+            pytest.skip("TORCH_OFFLOAD_PYTHON_SAVE_HOOKS=1: the Python path only")
+        pytest.fail("the C checkpoint hooks were not built or not found next to the library")
+    return "torch_offload.checkpoint:"
+
+
+@pytest.mark.parametrize("use_graph_execution_group", [True, False])
+def test_checkpoint_graph_execution_group(checkpoint_hooks, use_graph_execution_group):
+    counter = [0]
+
+    def fn(x):
+        counter[0] += 1
+        y = x.sin().cos()
+        z = y.sin().cos()
+        return y, z
+
+    x = torch.randn(3, 3, requires_grad=True)
+    y, z = ours(fn, x)
+    context = GraphExecGroup() if use_graph_execution_group else contextlib.nullcontext()
+    with context:
+        (grad_y,) = torch.autograd.grad(z, inputs=(y,), grad_outputs=(torch.ones(3, 3),))
+        (grad_x,) = torch.autograd.grad(y, inputs=(x,), grad_outputs=(grad_y,))
+    # The forward, then one recompute for the group, or one for each of the two backwards.
+    assert counter[0] == (2 if use_graph_execution_group else 3)
+    y_ref, z_ref = fn(x)
+    expected = torch.autograd.grad(y_ref, x, torch.autograd.grad(z_ref, y_ref, torch.ones(3, 3))[0])[0]
+    assert torch.equal(grad_x, expected)
+
+
+def test_checkpoint_graph_execution_group_refuses_overlapping_backwards(checkpoint_hooks):
+    # Not actually disjoint (retain_graph=True, or autograd itself would catch it): under the group
+    # the two backwards share one recompute, whose tensors the first one used up.
+    def fn(t):
+        return t.sin().cos()
+
+    x = torch.randn(3, 3, requires_grad=True)
+    out = ours(fn, x)
+    with GraphExecGroup():
+        out.sum().backward(retain_graph=True)
+        with pytest.raises(RuntimeError, match="Performing two backward calls that overlap") as error:
+            out.sum().backward()
+    assert str(error.value).startswith(checkpoint_hooks)
+    # Outside the group, the same second backward recomputes for itself.
+    x.grad = None
+    out.sum().backward()
+    assert torch.equal(x.grad, torch.autograd.grad(fn(x).sum(), x)[0])

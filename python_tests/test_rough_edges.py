@@ -176,3 +176,49 @@ def test_restore_to_cuda_without_cuda_says_so(manager):
     handle = torch.ops.offload.offload_save(torch.randn(4), manager.id())
     with pytest.raises(RuntimeError, match=r"offload_restore: device='cuda', but CUDA is not available"):
         torch_offload.offload_restore(handle, "cuda", manager.id())
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the message on a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda")])
+def test_raw_restore_to_cuda_without_cuda_names_the_op_and_the_device(manager, device):
+    # The op itself, not the Python wrapper: CUDA's own error would be "driver version is
+    # insufficient" (or another of the driver's), naming neither.
+    handle = torch.ops.offload.offload_save(torch.randn(4), manager.id())
+    shown = str(torch.device(device))
+    with pytest.raises(RuntimeError, match=rf"^offload_restore: device='{shown}', but no CUDA device is "
+                                           r"visible to this process \(torch.cuda.is_available\(\) is False\)"):
+        torch.ops.offload.offload_restore(handle, device, manager.id())
+    with pytest.raises(RuntimeError, match=r"^offload_restore: device='meta' is not supported"):
+        torch.ops.offload.offload_restore(handle, "meta", manager.id())
+    # The handle is untouched: a CPU restore still works.
+    assert torch.equal(torch.ops.offload.offload_restore(handle, "cpu", manager.id()), handle)
+
+
+# --- an in-place change of a checkpointed block's input, in the user's terms ---
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_block_input_modified_in_place_names_what_the_user_did(use_reentrant):
+    block = torch.nn.Linear(4, 4)
+    h = torch.randn(2, 4, requires_grad=True) * 2  # a block input: an op output, as hidden states are
+    out = torch_offload.checkpoint(block, h, use_reentrant=use_reentrant)
+    with torch.no_grad():
+        h.add_(1)
+    with pytest.raises(RuntimeError) as error:
+        out.sum().backward()
+    message = str(error.value)
+    assert message.startswith("torch_offload.checkpoint: a checkpointed block's input (a tensor saved for "
+                              "backward, torch.float32 [2, 4] on cpu, ")
+    assert "was modified in place after it was saved: it is at version 1; expected version 0 instead" in message
+    # Ops the user never called are not named.
+    assert "offload_save" not in message and "offload_restore" not in message
+
+
+def test_raw_ops_still_name_offload_save_and_offload_restore(manager):
+    x = torch.randn(8)
+    handle = torch.ops.offload.offload_save(x, manager.id())
+    x.mul_(2)
+    x.add_(1)
+    with pytest.raises(RuntimeError, match=r"^offload_restore: the tensor passed to offload_save was "
+                                           r"modified in place after it was saved \(its version went from "
+                                           r"0 to 2\)"):
+        torch.ops.offload.offload_restore(handle, "cpu", manager.id())

@@ -4,6 +4,7 @@
 #include <ATen/core/function.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/custom_class.h>
 
 #include <string>
@@ -141,6 +142,28 @@ TEST(OffloadOpsTest, OpsDetectInPlaceModification) {
   const std::string message =
       error_of([&] { restore_op().call(h, c10::Device(c10::kCPU), om->id()); });
   EXPECT_NE(message.find("modified in place"), std::string::npos) << message;
+}
+
+TEST(OffloadOpsTest, RestoreToADeviceThisProcessCannotReachNamesTheOpAndTheDevice) {
+  // Without a GPU, asking CUDA which device is current fails with the driver's own error; the
+  // restore checks first.
+  if (torch::cuda::is_available()) GTEST_SKIP() << "checks the error on a machine without CUDA";
+  auto om = c10::make_intrusive<OffloadManager>(4, 1, 0);
+  at::Tensor x = at::randn({10});
+  at::Tensor h = save_op().call(x, om->id());
+  for (const char* device : {"cuda", "cuda:0"}) {
+    const std::string message =
+        error_of([&] { restore_op().call(h, c10::Device(device), om->id()); });
+    EXPECT_EQ(message.rfind(std::string("offload_restore: device='") + device +
+                                "', but no CUDA device is visible to this process",
+                            0),
+              0u)
+        << message;
+  }
+  const std::string meta = error_of([&] { restore_op().call(h, c10::Device("meta"), om->id()); });
+  EXPECT_NE(meta.find("offload_restore: device='meta' is not supported"), std::string::npos)
+      << meta;
+  EXPECT_TRUE(at::equal(restore_op().call(h, c10::Device(c10::kCPU), om->id()), x));
 }
 
 TEST(OffloadOpsTest, HandlesOutliveTheOffloadManagerObject) {

@@ -2,11 +2,18 @@
 runs, restored for its recompute. Shared by both checkpoint variants (drop_in.py, reentrant.py).
 A DTensor input (sequence or context parallel hidden states) is offloaded as its local shard and
 rebuilt as the same DTensor, without communication (_engine/dtensors.py)."""
+import re
+
 import torch
 
 from .._engine import node_budget
 from .._engine.dispatch_modes import outside_dispatch_modes
 from .._engine.dtensors import join_local, split_local
+
+
+# The engine's version check on offload_restore (csrc/version_check.h), which names the raw ops: a
+# checkpoint's restore reports it in terms of what the user did instead.
+_MODIFIED = re.compile(r"modified in place after it was saved \(its version went from (\d+) to (\d+)\)")
 
 
 class OffloadedInput:
@@ -28,5 +35,20 @@ class OffloadedInput:
         any dispatch mode of the recompute (a selective checkpointing policy's): the restore is ours,
         not an op of the user's function."""
         with outside_dispatch_modes():
-            restored = torch.ops.offload.offload_restore(self.handle, self.device, self.manager_id)
+            try:
+                restored = torch.ops.offload.offload_restore(self.handle, self.device, self.manager_id)
+            except RuntimeError as error:
+                modified = _MODIFIED.search(str(error))
+                if modified is None:
+                    raise
+                raise RuntimeError(self._modified(*modified.groups())) from None
             return join_local(restored, self.dtensor_spec).requires_grad_(self.requires_grad)
+
+    def _modified(self, saved_version: str, version: str) -> str:
+        # As autograd's own message for a saved tensor changed in place (versions, the tensor's type).
+        shape = list(self.handle.shape)
+        return (f"torch_offload.checkpoint: a checkpointed block's input (a tensor saved for backward, "
+                f"{self.handle.dtype} {shape} on {self.device}, from which backward recomputes the "
+                f"block) was modified in place after it was saved: it is at version {version}; expected "
+                f"version {saved_version} instead. Backward would recompute the block from the changed "
+                "values: modify a clone of it, or change it before the checkpointed call.")
