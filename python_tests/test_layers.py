@@ -2,6 +2,7 @@
 their layer runs, and training gives the gradients of plain training, bit for bit (fp32)."""
 import copy
 import gc
+import warnings
 
 import pytest
 import torch
@@ -15,6 +16,11 @@ from test_models import _freeze_layer_weights, _llama_step, _steps_match_plain, 
 pytestmark = pytest.mark.usefixtures("save_hooks")
 
 IDS_SHAPE = (2, 32)
+
+
+def _nothing_offloaded_at(record) -> list:
+    """Where each NothingOffloadedWarning of `record` points (torch warns of its own too)."""
+    return [w.filename for w in record if w.category is torch_offload.NothingOffloadedWarning]
 
 
 def _peft():
@@ -211,6 +217,32 @@ def test_host_budget_exceeded_leaves_the_model_unchanged():
     assert {n: p.data_ptr() for n, p in model.named_parameters()} == before
     plain = _frozen_base_llama("cpu")
     _steps_match_plain(model, plain, "cpu", steps=1)
+
+
+def test_blocks_without_frozen_weights_warn_that_nothing_is_offloaded():
+    # Every parameter trains: layer offloading has nothing to move, and says so where it is asked for.
+    model = _tiny_llama("cpu", dropout=0.0)
+    expected = (r"^torch_offload.offload_layers: nothing to offload: no frozen parameter in the 3 blocks "
+                r"\(LlamaDecoderLayer\): all 27 of their parameters require grad\. Layer offloading moves frozen "
+                r"weights .*freeze the base or turn layer offloading off")
+    with pytest.warns(torch_offload.NothingOffloadedWarning, match=expected) as record:
+        layers = torch_offload.offload_layers(model)
+    assert _nothing_offloaded_at(record) == [__file__]  # the caller's line, not ours
+    assert layers.offloaded_bytes == 0
+    layers.remove()
+    with pytest.warns(torch_offload.NothingOffloadedWarning, match="no frozen parameter in the 3 blocks") as record:
+        handle = torch_offload.apply(model, None, layer_offloading=True)
+    assert _nothing_offloaded_at(record) == [__file__]
+    handle.remove()
+    with pytest.warns(torch_offload.NothingOffloadedWarning, match=r"in the 1 blocks \(Linear\)"):
+        torch_offload.offload_layers(model, [model.lm_head]).remove()
+    # One frozen weight is enough: no warning.
+    model.model.layers[1].mlp.up_proj.weight.requires_grad_(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch_offload.NothingOffloadedWarning)
+        layers = torch_offload.offload_layers(model)
+    assert layers.offloaded_bytes == model.model.layers[1].mlp.up_proj.weight.numel() * 4
+    layers.remove()
 
 
 def test_wrapping_order_is_checked():

@@ -1,5 +1,10 @@
 """A warning, once, when a training step offloaded nothing, saying why: every saved tensor was
-under min_bytes, or every one was a parameter, buffer or view of one (those stay on the device)."""
+under min_bytes, or every one was a parameter, buffer or view of one (those stay on the device).
+The same warning for the other ways of asking for offloading that can end up moving nothing: layer
+offloading of blocks without frozen weights (layers/frozen_weights.py), a compiled graph without
+anything to offload (compiler/partitioner.py)."""
+import os
+import sys
 import warnings
 
 import torch
@@ -7,7 +12,23 @@ from torch import nn
 
 
 class NothingOffloadedWarning(UserWarning):
-    """A step ran under activation offloading and no saved tensor was offloaded."""
+    """Offloading was asked for and nothing was offloaded: a training step under activation
+    offloading, layer offloading of blocks without frozen parameters, or a compiled graph."""
+
+
+# Frames in these packages are skipped: the warning names the user's line that led to it.
+_INTERNAL = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+                  for module in (sys.modules[__name__.partition(".")[0]], torch))
+
+
+def warn_nothing_offloaded(message: str) -> None:
+    """warnings.warn(message, NothingOffloadedWarning) attributed to the first caller outside
+    torch_offload and torch (however deep inside them it is raised: a compiled graph is partitioned
+    under torch.compile's frames)."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, NothingOffloadedWarning, stacklevel=level)
 
 
 class StepCounts:

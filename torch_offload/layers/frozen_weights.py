@@ -22,6 +22,7 @@ from .._engine.ops import offload_restore, offload_save
 from .._engine.dtensors import is_dtensor as _is_dtensor
 from ..blocks import BlockForward, find_blocks, set_forward
 from ..copies import NotPicklable, copy_attributes
+from ..hooks.empty_steps import warn_nothing_offloaded
 from ..hooks.hook_scopes import HookScopes
 from .._engine.manager import OffloadManager
 from .._engine import node_budget
@@ -260,6 +261,19 @@ def _refuse_sharded_parameters(blocks) -> None:
                 )
 
 
+def _warn_no_frozen_weights(blocks) -> None:
+    """Layer offloading of blocks whose parameters all train moves nothing: say so, once, at the
+    call, rather than let the handle report 0 bytes."""
+    kinds = ", ".join(sorted({type(block).__name__ for block in blocks}))
+    trainable = len({id(p) for block in blocks for p in block.parameters()})
+    found = f"all {trainable} of their parameters require grad" if trainable else "they have no parameters"
+    warn_nothing_offloaded(
+        f"torch_offload.offload_layers: nothing to offload: no frozen parameter in the {len(blocks)} "
+        f"blocks ({kinds}): {found}. Layer offloading moves frozen weights (requires_grad=False), "
+        "e.g. the base model under LoRA adapters, to host memory; freeze the base or turn layer "
+        "offloading off (apply(..., layer_offloading=False), or no offload_layers call).")
+
+
 def offload_layers(
     model: nn.Module,
     layers: Optional[Iterable[nn.Module]] = None,
@@ -275,7 +289,8 @@ def offload_layers(
     should be listed in execution order (that is the prefetch order). Call it before apply(); or
     use apply(model, mode, layer_offloading=True), which does so. Raises when the frozen weights do
     not fit in available host memory or in `host_budget_bytes` (or this rank's share of
-    `node_host_budget_bytes`, see node_budget.py), leaving the model unchanged.
+    `node_host_budget_bytes`, see node_budget.py), leaving the model unchanged. Blocks without any
+    frozen parameter leave nothing to offload: a NothingOffloadedWarning says so.
     Returns a LayerOffloadHandle (stats(), offloaded_bytes, remove()).
     """
     blocks = list(layers) if layers is not None else find_blocks(model)
@@ -300,6 +315,8 @@ def offload_layers(
     handle = LayerOffloadHandle(model, manager)
     handle.layers = [_Layer(b, i, names.get(id(b), ""), handle) for i, b in enumerate(blocks)]
     weights = [w for layer in handle.layers for w in layer.weights]
+    if not weights:
+        _warn_no_frozen_weights(blocks)
     owners = {}
     for layer in handle.layers:
         for w in layer.weights:
