@@ -70,10 +70,11 @@ def parse_args():
     p.add_argument("--noise-seq", type=int, default=0,
                    help="first compare each variant's gradients at this length with eager checkpointing's (0: skip)")
     p.add_argument("--min-bytes", type=int, default=None,
-                   help="smallest saved tensor ours offloads (default 1 MiB; 0 with --tiny, whose are smaller)")
+                   help="selective / all: smallest saved tensor ours offloads (default: the mode's own; 0 with "
+                        "--tiny, whose are smaller); hidden_states offloads every checkpoint input")
     args = finish_run_args(p.parse_args(), REFERENCE, tiny_shape=TINY, tiny_seqs="64")
-    if args.min_bytes is None:
-        args.min_bytes = 0 if args.tiny else 1 << 20
+    if args.min_bytes is None and args.tiny:
+        args.min_bytes = 0
     return args
 
 
@@ -83,7 +84,7 @@ def _mark_all(gm, _inputs):
     return gm
 
 
-def build(variant, model, min_bytes=1 << 20):
+def build(variant, model, min_bytes=None):
     """The model to step for `variant`, and the config patch its compile and steps run under."""
     variant = apply_hf_options(variant, model)
     ckpt = {"use_reentrant": False}
@@ -102,8 +103,10 @@ def build(variant, model, min_bytes=1 << 20):
         return torch.compile(model, fullgraph=True, dynamic=False, options={"allow_buffer_reuse": False}), patch
     mode = {"ours_compiled": "hidden_states", "ours_selective": "selective", "ours_selective_proj": "selective",
             "ours_all": "all"}[variant]
-    policy = dict(policy="attention+qkv+out_proj") if variant == "ours_selective_proj" else {}
-    return torch_offload.compile(model, mode, fullgraph=True, dynamic=False, min_bytes=min_bytes, **policy), patch
+    extra = dict(policy="attention+qkv+out_proj") if variant == "ours_selective_proj" else {}
+    if mode != "hidden_states" and min_bytes is not None:
+        extra["min_bytes"] = min_bytes
+    return torch_offload.compile(model, mode, fullgraph=True, dynamic=False, **extra), patch
 
 
 @contextlib.contextmanager

@@ -11,31 +11,34 @@ from typing import Optional
 
 import torch
 
-from . import hf_causal_mask
-from . import hf_logits
+from ..hooks.empty_steps import warn_nothing_offloaded
 from ..policies import named as policies
 from ..policies.projections import projection_groups
-from .partitioner import OffloadPartitioner
+from .model_changes import CompileChanges, checkpointed
+from .partitioner import OffloadPartitioner, check_min_bytes
 from .projection_policy import projection_policy
 from .._engine.manager import OffloadManager
 
 
 def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None,
-            min_bytes: int = 1 << 20, blocks=None, backend: str = "inductor",
+            min_bytes: Optional[int] = None, blocks=None, backend: str = "inductor",
             compile_mode: Optional[str] = None, policy="attention",
             options: Optional[dict] = None, sdpa_is_causal: bool = False, detach_logits: bool = False,
             **compile_kwargs):
     """torch.compile(model) with offloading inside the compiled graphs.
 
     mode="hidden_states": the model's blocks run under torch's gradient checkpointing (a Hugging Face
-    model's own, or torch.utils.checkpoint around `blocks`), and the checkpoint inputs are offloaded.
+    model's own, or torch.utils.checkpoint around `blocks`), and the checkpoint inputs are offloaded,
+    whatever their size (as eager "hidden_states": min_bytes is refused).
     mode="selective": the same checkpointing with a selective policy (`policy`: a name from
     torch_offload.policies, e.g. "attention", a name with projection groups such as
     "attention+qkv+out_proj" (projection_policy.py: projections recognised by their weights' shapes),
     or a torch policy function `(ctx, op, *args, **kwargs) -> CheckpointPolicy`): outputs it marks
-    CheckpointPolicy.MUST_CPU_OFFLOAD are saved and offloaded, not recomputed; MUST_SAVE ones stay on
-    the device; the checkpoint inputs move.
-    mode="all": no checkpointing; every saved activation of at least min_bytes is offloaded.
+    CheckpointPolicy.MUST_CPU_OFFLOAD of at least min_bytes (default 64 KiB, as eager "selective")
+    are saved and offloaded, not recomputed; MUST_SAVE ones stay on the device; the checkpoint
+    inputs move whatever their size.
+    mode="all": no checkpointing; every saved activation of at least min_bytes (default 1 MiB) is
+    offloaded.
     backend="inductor" (default) passes our partitioner through inductor's custom_partitioner_fn
     option; backend="aot_eager" runs the same partitioned graphs with eager kernels (numerically
     identical to eager, for checking). compile_mode is torch.compile's `mode`
@@ -51,7 +54,11 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
     backward holds no zero gradient of the logits' size (torch_offload.detach_logits, hf_logits.py;
     no gradient flows through the returned logits).
     Other keyword arguments (fullgraph=True, dynamic=...) go to torch.compile.
+    `.offload_changes.remove()` undoes what compile() changed on `model` (its checkpointing,
+    config.use_cache, sdpa_is_causal, detach_logits; model_changes.py). A training step whose
+    compiled graphs offload nothing warns once, saying why (NothingOffloadedWarning).
     """
+    check_min_bytes(mode, min_bytes, "torch_offload.compile")  # before anything changes
     policy_fn, saves_per_block = _policy(model, mode, policy, blocks)
     options = _inductor_options(compile_mode, options, backend)
     # Compiled graphs launch far ahead of the GPU: with saves a layer apart (hidden_states), earlier
@@ -62,28 +69,57 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
     # on each copy.
     if manager is None:
         manager = OffloadManager(release_sources_on_save=mode != "all", prefetch_depth=saves_per_block)
-    partitioner = OffloadPartitioner(manager, mode, min_bytes)  # checks mode before the model changes
-    if sdpa_is_causal:
-        hf_causal_mask.sdpa_is_causal(model)
-    if detach_logits:
-        hf_logits.detach_logits(model)
-    if mode != "all":
-        _enable_checkpointing(model, blocks, policy_fn)
+    partitioner = OffloadPartitioner(manager, mode, min_bytes, call="torch_offload.compile")
+    changes = CompileChanges(model)
+    try:
+        if sdpa_is_causal:
+            changes.sdpa_is_causal()
+        if detach_logits:
+            changes.detach_logits()
+        if mode != "all":
+            _enable_checkpointing(changes, blocks, policy_fn)
+        compiled = _torch_compile(model, partitioner, backend, options, compile_kwargs)
+    except BaseException:
+        changes.remove()  # a failed compile() leaves the model as it was
+        raise
+    compiled.offload_partitioner = partitioner
+    compiled.offload_changes = changes
+    check = _WarnIfNothingOffloaded(partitioner)
+    check.hook = compiled.register_forward_hook(check)
+    return compiled
+
+
+def _torch_compile(model, partitioner: OffloadPartitioner, backend: str, options: dict, compile_kwargs: dict):
     if backend == "inductor":
         options["custom_partitioner_fn"] = partitioner
-        compiled = torch.compile(model, options=options, **compile_kwargs)
-    else:
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.aot_autograd import make_boxed_func
+        return torch.compile(model, options=options, **compile_kwargs)
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
 
-        def run_eagerly(gm, _example_inputs):
-            return make_boxed_func(gm.forward)
+    def run_eagerly(gm, _example_inputs):
+        return make_boxed_func(gm.forward)
 
-        eager_backend = aot_autograd(fw_compiler=run_eagerly, bw_compiler=run_eagerly,
-                                     partition_fn=partitioner)
-        compiled = torch.compile(model, backend=eager_backend, **compile_kwargs)
-    compiled.offload_partitioner = partitioner
-    return compiled
+    eager_backend = aot_autograd(fw_compiler=run_eagerly, bw_compiler=run_eagerly, partition_fn=partitioner)
+    return torch.compile(model, backend=eager_backend, **compile_kwargs)
+
+
+class _WarnIfNothingOffloaded:
+    """Forward hook of the compiled module: after the first call whose graphs were partitioned (a
+    training forward: every graph of the call is partitioned by then, graph breaks included), a
+    NothingOffloadedWarning if none offloads anything; then the hook goes. Graphs loaded from
+    inductor's cache are not partitioned here, so they are not judged."""
+
+    def __init__(self, partitioner: OffloadPartitioner):
+        self.partitioner = partitioner
+        self.hook = None
+
+    def __call__(self, module, args, output):
+        if not self.partitioner.graphs:
+            return
+        self.hook.remove()
+        why = self.partitioner.nothing_offloaded()
+        if why is not None:
+            warn_nothing_offloaded(why)
 
 
 def _policy(model, mode: str, policy, blocks):
@@ -124,28 +160,19 @@ def _inductor_options(compile_mode, options, backend) -> dict:
     return merged
 
 
-def _enable_checkpointing(model: torch.nn.Module, blocks, policy_fn) -> None:
+def _enable_checkpointing(changes: CompileChanges, blocks, policy_fn) -> None:
     kwargs = {"use_reentrant": False}
     if policy_fn is not None:
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy_fn)
+    model = changes.model
     if blocks is None and hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        if getattr(model, "config", None) is not None:
-            model.config.use_cache = False
+        changes.hf_checkpointing(kwargs)
         return
     if blocks is None:
         from ..blocks import find_blocks
 
         blocks = find_blocks(model)
     for block in blocks:
-        forward = type(block).forward.__get__(block)
-        block.forward = _checkpointed(forward, kwargs)
-
-
-def _checkpointed(forward, checkpoint_kwargs):
-    def run(*args, **kwargs):
-        return torch.utils.checkpoint.checkpoint(forward, *args, **checkpoint_kwargs, **kwargs)
-
-    return run
+        changes.wrap_forward(block, checkpointed(type(block).forward.__get__(block), kwargs))

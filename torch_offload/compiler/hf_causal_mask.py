@@ -86,10 +86,16 @@ def sdpa_is_causal(model: torch.nn.Module) -> str:
     causal mask where the mask is plain causal (see the module's doc). Returns the implementation it
     had, to go back with `model.set_attn_implementation(previous)`. Raises ValueError for a model
     that is not a transformers model or does not use "sdpa"."""
+    return switch(model)[0]
+
+
+def switch(model: torch.nn.Module):
+    """sdpa_is_causal(model): (the implementation the model had, the hook handles installed), no
+    handles where the model had ours already (torch_offload.compile undoes only what it did)."""
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
     if current == IMPLEMENTATION:
-        return current
+        return current, []
     if current != "sdpa" or not hasattr(model, "set_attn_implementation"):
         raise ValueError(
             f"torch_offload: sdpa_is_causal is for a Hugging Face model with attn_implementation='sdpa'; "
@@ -99,6 +105,6 @@ def sdpa_is_causal(model: torch.nn.Module) -> str:
     if config._attn_implementation != IMPLEMENTATION:
         raise RuntimeError(f"torch_offload: {type(model).__name__} did not take the attention implementation "
                            f"{IMPLEMENTATION!r} (it has {config._attn_implementation!r})")
-    model.register_forward_pre_hook(_note_call, with_kwargs=True)
-    model.register_forward_hook(_end_call, with_kwargs=True, always_call=True)
-    return current
+    hooks = [model.register_forward_pre_hook(_note_call, with_kwargs=True),
+             model.register_forward_hook(_end_call, with_kwargs=True, always_call=True)]
+    return current, hooks

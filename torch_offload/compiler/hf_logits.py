@@ -35,9 +35,18 @@ class _DetachedLogitsForward(BlockForward):
 def detach_logits(model: nn.Module) -> nn.Module:
     """Makes a Hugging Face model called with labels return its logits detached (see the module's
     docstring); returns the model. Idempotent; refuses a model without loss/logits outputs."""
+    install(model)
+    return model
+
+
+def install(model: nn.Module):
+    """detach_logits(model): the forward wrapper it installed, or None where the model had one
+    already (torch_offload.compile undoes only what it did: set_forward(model, wrapper.inner))."""
     if not hasattr(model, "config") or not hasattr(model, "get_output_embeddings"):
         raise ValueError(f"torch_offload.detach_logits: expected a Hugging Face causal LM (with a config and "
                          f"output embeddings), got {type(model).__name__}")
-    if not isinstance(model.__dict__.get("forward"), _DetachedLogitsForward):
-        set_forward(model, _DetachedLogitsForward(model))
-    return model
+    if isinstance(model.__dict__.get("forward"), _DetachedLogitsForward):
+        return None
+    wrapper = _DetachedLogitsForward(model)
+    set_forward(model, wrapper)
+    return wrapper
