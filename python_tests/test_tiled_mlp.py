@@ -128,9 +128,56 @@ def test_errors_name_the_argument():
     handle.remove()
     with pytest.raises(ValueError, match="tile_tokens=-1"):
         torch_offload.tiled_compute(nn.Identity(), torch.randn(2, 3), tile_tokens=-1)
-    torch_offload.offload_layers(model)
-    with pytest.raises(ValueError, match="layer offloading"):
-        torch_offload.tile_mlp(model)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["hidden_states", "all"])
+def test_lora_with_layer_offloading_trains_tiled(device, mode):
+    # The frozen base lives in host memory and is on the device only while a block runs: each tile's
+    # backward computes with the weights of its forward, fetched again as a Linear's saved weight is.
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj", "q_proj"],
+                             init_lora_weights=False)
+    reference = peft.get_peft_model(_tiny_llama(device, 0.0), config)
+    ours = copy.deepcopy(reference)
+    if mode == "hidden_states":
+        reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        reference.enable_input_require_grads()
+    handle = torch_offload.apply(ours, mode, layer_offloading=True, **({"min_bytes": 0} if mode == "all" else {}))
+    tiles = torch_offload.tile_mlp(ours, tile_tokens=100)
+    ids = torch.randint(0, 256, (1, 260), device=device)
+    for _ in range(2):  # the second step runs on the pooled host copies
+        ref, got = _step(reference, ids), _step(ours, ids)
+        assert got[1] and all("lora_" in name for name in got[1])
+        _assert_same_training(ref, got, [n + "." for n, m in ours.named_modules() if n.endswith(".mlp")])
+    assert handle.layers.offloaded_bytes > 0 and handle.layers.stats()["restores"] > 0
+    frozen = [p for p in ours.parameters() if not p.requires_grad]
+    assert frozen and all(p.device.type == "cpu" for p in frozen)  # the base stays in host memory
+    tiles.remove()
+    handle.remove()
+
+
+def test_tiles_compute_with_the_parameters_of_their_forward():
+    # The backward recomputes each tile with the tensors the module had when the forward ran, not
+    # with what is installed when backward runs (layer offloading and FSDP2 swap them in between).
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+    mlp[0].weight.requires_grad_(False)
+    reference = copy.deepcopy(mlp)
+    torch_offload.tile_mlp(None, mlps=[mlp], tile_tokens=4)
+    x = torch.randn(2, 10, 8, requires_grad=True)
+    out = mlp(x)
+    original = mlp[0].weight
+    mlp[0]._parameters["weight"] = nn.Parameter(torch.zeros_like(original), requires_grad=False)
+    out.sum().backward()
+    mlp[0]._parameters["weight"] = original
+    x_ref = x.detach().clone().requires_grad_()
+    reference(x_ref).sum().backward()
+    assert ((x.grad - x_ref.grad).norm() / x_ref.grad.norm()).item() <= TILE_SUM_RTOL
+    for name, p in mlp.named_parameters():
+        if p.requires_grad:
+            q = dict(reference.named_parameters())[name]
+            assert ((p.grad - q.grad).norm() / q.grad.norm()).item() <= TILE_SUM_RTOL, name
 
 
 def test_a_module_returning_more_than_a_tensor_is_refused():

@@ -22,25 +22,35 @@ import torch
 
 
 class _TiledCompute(torch.autograd.Function):
+    """function(tile, *tensors) over the tiles of x; gradients for x and for the tensors that need
+    them. The tensors are saved as they were in the forward. `computes_with_arguments`: the function
+    computes with the tensors it is passed (then backward passes leaves of its own and takes the
+    gradients with respect to them), rather than with tensors it holds (whose gradients are taken
+    with respect to the saved tensors themselves)."""
+
     @staticmethod
-    def forward(ctx, function: Callable, tile_tokens: int, dim: int, x: torch.Tensor, *params: torch.Tensor):
+    def forward(ctx, function: Callable, computes_with_arguments: bool, tile_tokens: int, dim: int,
+                x: torch.Tensor, *tensors: torch.Tensor):
         ctx.function, ctx.tile_tokens, ctx.dim = function, tile_tokens, dim
-        ctx.save_for_backward(x, *params)
+        ctx.computes_with_arguments = computes_with_arguments
+        ctx.save_for_backward(x, *tensors)
         with torch.no_grad():
-            return torch.cat([function(tile) for tile in x.split(tile_tokens, dim)], dim)
+            return torch.cat([function(tile, *tensors) for tile in x.split(tile_tokens, dim)], dim)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        x, *params = ctx.saved_tensors
-        needs_x = ctx.needs_input_grad[3]
-        wanted = [p for p, needed in zip(params, ctx.needs_input_grad[4:]) if needed]
+        x, *tensors = ctx.saved_tensors
+        needs_x, needs_tensors = ctx.needs_input_grad[4], ctx.needs_input_grad[5:]
+        if ctx.computes_with_arguments:
+            tensors = [t.detach().requires_grad_(needed) for t, needed in zip(tensors, needs_tensors)]
+        wanted = [t for t, needed in zip(tensors, needs_tensors) if needed]
         grad_x = torch.empty_like(x) if needs_x else None
-        grad_params = [None] * len(wanted)
+        grad_tensors = [None] * len(wanted)
         offset = 0
         for tile, grad_tile in zip(x.split(ctx.tile_tokens, ctx.dim), grad_output.split(ctx.tile_tokens, ctx.dim)):
             tile = tile.detach().requires_grad_(needs_x)
             with torch.enable_grad():
-                out = ctx.function(tile)
+                out = ctx.function(tile, *tensors)
             grads = torch.autograd.grad(out, ([tile] if needs_x else []) + wanted, grad_tile, allow_unused=True)
             if needs_x:
                 grad_x.narrow(ctx.dim, offset, tile.shape[ctx.dim]).copy_(grads[0])
@@ -48,14 +58,19 @@ class _TiledCompute(torch.autograd.Function):
             for i, grad in enumerate(grads):
                 if grad is None:
                     continue
-                if grad_params[i] is None:
-                    grad_params[i] = grad
+                if grad_tensors[i] is None:
+                    grad_tensors[i] = grad
                 else:
-                    grad_params[i] += grad
+                    grad_tensors[i] += grad
             offset += tile.shape[ctx.dim]
-        found = iter(grad_params)
-        per_param = [next(found) if needed else None for needed in ctx.needs_input_grad[4:]]
-        return (None, None, None, grad_x, *per_param)
+        found = iter(grad_tensors)
+        per_tensor = [next(found) if needed else None for needed in needs_tensors]
+        return (None, None, None, None, grad_x, *per_tensor)
+
+
+def _check_tile_tokens(tile_tokens, call: str) -> None:
+    if not isinstance(tile_tokens, int) or tile_tokens < 1:
+        raise ValueError(f"{call}: tile_tokens={tile_tokens!r}; expected an int >= 1")
 
 
 def tiled_compute(function: Callable, x: torch.Tensor, tile_tokens: int, dim: int = -2,
@@ -66,15 +81,50 @@ def tiled_compute(function: Callable, x: torch.Tensor, tile_tokens: int, dim: in
     norm) and return one tensor with x's extent along `dim`; `params`: the tensors it computes with
     whose gradients are wanted (a module's parameters that require grad). With grad disabled the tiles
     run one after another and nothing is saved."""
-    if not isinstance(tile_tokens, int) or tile_tokens < 1:
-        raise ValueError(f"torch_offload.tiled_compute: tile_tokens={tile_tokens!r}; expected an int >= 1")
+    _check_tile_tokens(tile_tokens, "torch_offload.tiled_compute")
     dim = dim % x.dim()
     if x.shape[dim] <= tile_tokens:
         return function(x)
     params = [p for p in params if p.requires_grad]
     if not torch.is_grad_enabled() or not (x.requires_grad or params):
         return torch.cat([function(tile) for tile in x.split(tile_tokens, dim)], dim)
-    return _TiledCompute.apply(function, tile_tokens, dim, x, *params)
+    return _TiledCompute.apply(lambda tile, *_: function(tile), False, tile_tokens, dim, x, *params)
+
+
+def tiled_module_call(run: Callable, module: torch.nn.Module, x: torch.Tensor, tile_tokens: int,
+                      dim: int = -2) -> torch.Tensor:
+    """run(x) (the forward of `module`), computed over tiles along `dim`, where backward recomputes each
+    tile with the parameter tensors `module` had in this forward, not those it has when backward runs:
+    every parameter, frozen ones included, is saved for backward like any op's weight, so the tensors
+    that layer offloading installs for a forward (and fetches again for backward), or that FSDP2
+    unshards for it, are the ones the recompute uses."""
+    dim = dim % x.dim()
+    slots = _parameter_slots(module)
+    tensors = list(dict.fromkeys(tensor for _, _, tensor in slots))  # a shared parameter once
+    if x.shape[dim] <= tile_tokens:
+        return run(x)
+    if not torch.is_grad_enabled() or not (x.requires_grad or any(t.requires_grad for t in tensors)):
+        return torch.cat([run(tile) for tile in x.split(tile_tokens, dim)], dim)
+    position = {id(t): i for i, t in enumerate(tensors)}
+    where = [(owner, name, position[id(tensor)]) for owner, name, tensor in slots]
+
+    def with_tensors(tile, *values):
+        installed = [(owner, name, owner._parameters[name]) for owner, name, _ in where]
+        try:
+            for owner, name, i in where:
+                owner._parameters[name] = values[i]
+            return run(tile)
+        finally:
+            for owner, name, previous in installed:
+                owner._parameters[name] = previous
+
+    return _TiledCompute.apply(with_tensors, True, tile_tokens, dim, x, *tensors)
+
+
+def _parameter_slots(module: torch.nn.Module) -> list:
+    """(submodule, name, tensor) for every parameter of `module`, as installed now."""
+    return [(owner, name, tensor) for owner in module.modules() for name, tensor in owner._parameters.items()
+            if tensor is not None]
 
 
 def default_tile_tokens(tokens: int, width: int, intermediate: int, budget_bytes: Optional[int] = None,

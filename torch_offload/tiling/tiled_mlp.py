@@ -1,4 +1,4 @@
-"""tile_mlp(model): each decoder layer's MLP computed over tiles of the sequence (tiled_compute.py),
+"""tile_mlp(model): each decoder layer's MLP computed over tiles of the sequence (sequence_tiles.py),
 in the forward, in a checkpoint's recompute and in backward.
 
 The MLP modules are found by the "mlp" module preset (targets/presets.py: mlp, feed_forward, ffn, ...)
@@ -16,10 +16,7 @@ from torch import nn
 from ..blocks import BlockForward, find_blocks, set_forward
 from ..copies import NotPicklable, copy_attributes
 from ..targets.presets import preset_modules
-from .sequence_tiles import default_tile_tokens, tiled_compute
-
-_LAYER_OFFLOADED = "_torch_offload_layer"  # the mark layers/frozen_weights.py leaves on a block
-
+from .sequence_tiles import default_tile_tokens, tiled_module_call
 
 def _intermediate(mlp: nn.Module) -> int:
     """The widest output of the MLP's Linear modules (its intermediate size)."""
@@ -49,8 +46,7 @@ class TiledForward(BlockForward):
         if tile is None:
             tile = self.tiles[tokens] = default_tile_tokens(tokens, x.shape[-1], self.intermediate,
                                                             element_size=x.element_size())
-        params = [p for p in self.block.parameters() if p.requires_grad]  # read now: FSDP2 swaps them
-        return tiled_compute(self._run_one, x, tile, dim=-2, params=params)
+        return tiled_module_call(self._run_one, self.block, x, tile, dim=-2)
 
     def _run_one(self, x):
         out = self.run(x)
@@ -99,9 +95,9 @@ def tile_mlp(model: nn.Module, blocks: Optional[Iterable[nn.Module]] = None, *,
     MLPs (default: the decoder layers); `mlps`: the position-wise modules to tile instead;
     `tile_tokens`: tokens per tile (default: from the sequence length, so that a tile's
     intermediates take no more memory than the MLP's input). Works inside checkpointed blocks (every
-    mode of apply) and with PEFT adapters on the projections; not with layer offloading (its frozen
-    weights leave the device when a block's forward returns, before the tiles' backward). Returns a
-    handle whose remove() undoes it."""
+    mode of apply), with PEFT adapters on the projections and with layer offloading (each tile's
+    backward computes with the weights of its forward, saved like any op's). Returns a handle whose
+    remove() undoes it."""
     if tile_tokens is not None and (not isinstance(tile_tokens, int) or tile_tokens < 1):
         raise ValueError(f"torch_offload.tile_mlp: tile_tokens={tile_tokens!r}; expected an int >= 1")
     blocks = list(blocks) if blocks is not None else (find_blocks(model) if mlps is None else None)
@@ -110,10 +106,6 @@ def tile_mlp(model: nn.Module, blocks: Optional[Iterable[nn.Module]] = None, *,
         raise ValueError("torch_offload.tile_mlp: no MLP to tile (mlps is empty)")
     if any(isinstance(m.__dict__.get("forward"), TiledForward) for m in modules):
         raise ValueError("torch_offload.tile_mlp: an MLP is tiled already; call remove() first")
-    if any(_LAYER_OFFLOADED in block.__dict__ for block in (blocks or ()) if mlps is None):
-        raise ValueError("torch_offload.tile_mlp: the blocks' frozen weights are offloaded (layer offloading), "
-                         "and are on the device only while a block's forward runs, while a tiled MLP recomputes "
-                         "its tiles in backward; use one or the other")
     wrappers = [TiledForward(mlp, tile_tokens) for mlp in modules]
     for wrapper in wrappers:
         set_forward(wrapper.block, wrapper)
