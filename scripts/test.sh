@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # README command 2: set everything up, build, and run every test (GoogleTest via ctest, pytest).
-# CUDA tests skip cleanly without a GPU.
+# CUDA tests skip cleanly without a GPU. pytest includes the slow tests, among them
+# python_tests/test_build_without_cuda_toolkit.py: a pip install of the package built with no CUDA
+# toolkit in sight, in a fresh venv, importing it and training a step.
 set -euo pipefail
+requirements_set=test  # requirements/test.txt
 source "$(dirname "$0")/setup_env.sh"
 "$repo_root/scripts/build.sh"
 cd "$repo_root"
