@@ -12,6 +12,7 @@ from torch import nn
 from .blocks import blocks_to_wrap
 from .handle import OffloadHandle
 from .layers.frozen_weights import offload_layers
+from .long_context import LongContextPlan, long_context_settings
 from .loss.lm_loss import chunk_lm_loss_option
 from .modes.activations import Activations
 from .modes.auto import Auto
@@ -77,8 +78,9 @@ def apply(
     blocks: Optional[Iterable[nn.Module]] = None,
     manager=None,
     *,
-    layer_offloading: bool = False,
-    chunked_loss=False,
+    layer_offloading: Optional[bool] = None,
+    chunked_loss=None,
+    long_context=False,
     **options,
 ) -> OffloadHandle:
     """Turns on offloading for `model` and returns an OffloadHandle (stats(), remove()).
@@ -107,23 +109,39 @@ def apply(
     chunked_loss=True (or a number of tokens per chunk, or a dict of chunk_lm_loss's keywords): a
     Hugging Face causal LM trained with labels computes its loss over chunks of tokens without
     materialising the logits (chunk_lm_loss); handle.chunked_loss.
+    long_context=True (or {"tile_tokens": N}): for sequences far longer than checkpointing fits, also
+    turns on, where they apply and unless said otherwise, the chunked loss, the tiled MLP (tile_mlp),
+    layer offloading of frozen weights, and a host budget from the available host RAM beyond which
+    the boundaries spill to disk (long_context.py); handle.explain() says what and why.
 
     On a Hugging Face model apply() turns the model's own gradient checkpointing off and, in the
     checkpointing modes, sets config.use_cache=False (with a warning); remove() restores both.
     """
     spec, opts, call = read_options(mode, options, manager)
-    if spec.wraps_blocks or layer_offloading:
+    plan = None
+    if long_context is not False and long_context is not None:
+        plan = LongContextPlan(long_context_settings(long_context, call))
+        plan.note("activation mode", str(spec.name), "as given (mode=)" if type(mode) is not _DefaultMode else
+                  "the default: every block's input in host memory, the least GPU memory of the modes that "
+                  "recompute")
+    if spec.wraps_blocks or layer_offloading or plan is not None:
         blocks = blocks_to_wrap(model, blocks)
     elif blocks is not None:
         blocks = list(blocks)
     layers = loss = handle = None
     try:
+        if plan is not None:
+            layer_offloading = plan.layer_offloading(blocks, layer_offloading)
+            loss = plan.chunked_loss(model, chunked_loss)
         if chunked_loss is not False and chunked_loss is not None:  # the LM head and loss, not the blocks
             loss = chunk_lm_loss_option(model, chunked_loss)
         # Layer offloading goes innermost: its weights must be on the device inside the checkpoint's
         # recompute and inside activation hooks.
         if layer_offloading:
             layers = offload_layers(model, blocks)
+        if plan is not None:  # after layer offloading, whose pinned weights the available memory excludes
+            opts = plan.host_budget(opts, manager)
+            plan.tile(model, blocks)
         try:
             if manager is None:
                 manager = spec.build_manager(opts, blocks)
@@ -132,11 +150,11 @@ def apply(
             raise error.kind(f"{call}: {error}") from None
         spec.install(handle, blocks, opts)
     except Exception:
-        for undo in (handle, layers, loss):
+        for undo in (handle, layers, loss, plan):
             if undo is not None:
                 undo.remove()
         raise
-    handle.layers, handle.chunked_loss = layers, loss
+    handle.layers, handle.chunked_loss, handle.long_context = layers, loss, plan
     return handle
 
 

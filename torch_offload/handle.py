@@ -27,6 +27,7 @@ class OffloadHandle(NotPicklable):
         self.layers = layers  # LayerOffloadHandle with layer_offloading=True
         self.modules = modules  # ModuleOffloadHandle in "modules" mode
         self.chunked_loss = None  # ChunkedLossHandle with chunked_loss=
+        self.long_context = None  # LongContextPlan with long_context=True (its tiled MLP, spill folder)
         self.link_budget = None  # LinkBudget with keep_on_device_bytes="auto" (link_budget.py)
         self._wrappers: List[BlockForward] = []
         self._hook_handles = []  # torch.utils.hooks.RemovableHandle
@@ -50,7 +51,16 @@ class OffloadHandle(NotPicklable):
             raise RuntimeError("torch_offload: report() is for mode='modules'")
         return self.modules.report()
 
+    def explain(self) -> str:
+        """What long_context=True turned on and why (mode "auto" adds what it measured and chose)."""
+        if self.long_context is None:
+            raise RuntimeError("torch_offload: explain() is for apply(..., long_context=True) and mode='auto'")
+        return self.long_context.explain()
+
     def remove(self) -> None:
+        if self.long_context is not None:
+            self.long_context.remove()
+            self.long_context = None
         for wrapper in self._wrappers:
             set_forward(wrapper.block, wrapper.inner)
             wrapper.block.__dict__.pop("_torch_offload_handle", None)

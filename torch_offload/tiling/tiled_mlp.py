@@ -4,8 +4,9 @@ in the forward, in a checkpoint's recompute and in backward.
 The MLP modules are found by the "mlp" module preset (targets/presets.py: mlp, feed_forward, ffn, ...)
 inside the blocks (default: the decoder layers), or given. Each gets a forward wrapper: its input's
 sequence dimension (the one before the features) is cut into tiles whose intermediates take no more
-memory than the input itself (default_tile_tokens; `tile_tokens=` fixes it), decided once per
-sequence length so that a forward and its recompute tile alike. An MLP called with more than its
+memory than the larger of the input itself and an eighth of the device memory left (default_tile_tokens;
+`tile_tokens=` fixes it), decided once per sequence length so that a forward and its recompute tile
+alike; a length whose intermediates fit that budget whole runs untiled. An MLP called with more than its
 input, or returning anything but one tensor (a mixture of experts' router logits), runs untiled.
 """
 from typing import Iterable, List, Optional
@@ -17,6 +18,20 @@ from ..blocks import BlockForward, find_blocks, set_forward
 from ..copies import NotPicklable, copy_attributes
 from ..targets.presets import preset_modules
 from .sequence_tiles import default_tile_tokens, tiled_module_call
+
+# A tile's intermediates may take this share of the device memory left when a length is first seen
+# (or the MLP input's size, where that is more): the first forward of a length runs with far more
+# memory free than backward's peak, which adds a whole block's recompute and its gradients.
+MEMORY_LEFT_SHARE = 8
+
+
+def device_memory_left(device: torch.device) -> int:
+    """Bytes the caching allocator could still hand out on `device`: free in the driver plus cached
+    and unused; 0 on CPU, whose tiles are sized by the input alone."""
+    if device.type != "cuda":
+        return 0
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 def _intermediate(mlp: nn.Module) -> int:
     """The widest output of the MLP's Linear modules (its intermediate size)."""
@@ -44,7 +59,8 @@ class TiledForward(BlockForward):
         tokens = x.shape[-2]
         tile = self.tile_tokens or self.tiles.get(tokens)
         if tile is None:
-            tile = self.tiles[tokens] = default_tile_tokens(tokens, x.shape[-1], self.intermediate,
+            budget = max(x.numel() * x.element_size(), device_memory_left(x.device) // MEMORY_LEFT_SHARE)
+            tile = self.tiles[tokens] = default_tile_tokens(tokens, x.shape[-1], self.intermediate, budget,
                                                             element_size=x.element_size())
         return tiled_module_call(self._run_one, self.block, x, tile, dim=-2)
 
@@ -72,6 +88,11 @@ class TiledMLPHandle(NotPicklable):
     def __deepcopy__(self, memo):
         return copy_attributes(self, memo)
 
+    def tiles(self) -> dict:
+        """{sequence length: tokens per tile} as decided so far (the first MLP's, which all share
+        where the default sizes them: they see the same input size and memory)."""
+        return dict(self._wrappers[0].tiles) if self._wrappers else {}
+
     def remove(self) -> None:
         for wrapper in self._wrappers:
             set_forward(wrapper.block, wrapper.inner)
@@ -93,8 +114,9 @@ def tile_mlp(model: nn.Module, blocks: Optional[Iterable[nn.Module]] = None, *,
     """Computes each MLP of `model` over tiles of the sequence (see the module's docstring): no
     tokens x intermediate tensor exists at once, in forward or backward. `blocks`: where to find the
     MLPs (default: the decoder layers); `mlps`: the position-wise modules to tile instead;
-    `tile_tokens`: tokens per tile (default: from the sequence length, so that a tile's
-    intermediates take no more memory than the MLP's input). Works inside checkpointed blocks (every
+    `tile_tokens`: tokens per tile (default: from the sequence length and the memory left, so that a
+    tile's intermediates take no more than the MLP's input or an eighth of the device memory left,
+    whichever is more). Works inside checkpointed blocks (every
     mode of apply), with PEFT adapters on the projections and with layer offloading (each tile's
     backward computes with the weights of its forward, saved like any op's). Returns a handle whose
     remove() undoes it."""

@@ -136,7 +136,8 @@ class AutoHandle(OffloadHandle):
                          f"{row['kept_mlp_blocks']} | "
                          f"{row['step_s']:.4f} | {gb(row.get('predicted_peak_GB'))} | {gb(row.get('early_peak_GB'))} | "
                          f"{gb(row.get('peak_allocated_GB'))} | {row['within_budget']} | {row['chosen']} |")
-        return "\n".join(lines) + "\n"
+        text = "\n".join(lines) + "\n"
+        return text if self.long_context is None else text + "\n" + self.long_context.explain()
 
     def _switch(self, candidate: str, keep_on_device_bytes: int = 0, tail: int = 0, kept_blocks: int = 0) -> None:
         self._remove_probe()

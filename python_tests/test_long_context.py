@@ -1,0 +1,130 @@
+"""apply(model, long_context=True): the chunked loss, the tiled MLP, layer offloading of a frozen base
+and a host budget with spill to disk, turned on together; training as plain checkpointing does (fp32,
+within the tiles' summation bound), explain() naming each choice, remove() undoing all of it."""
+import copy
+import os
+
+import pytest
+import torch
+
+import torch_offload
+from conftest import DEVICES
+from test_models import _tiny_llama
+from test_tiled_mlp import _assert_same_training, _step
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _lora(device):
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, init_lora_weights=False)
+    return peft.get_peft_model(_tiny_llama(device, 0.0), config)
+
+
+def _checkpointed(model):
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()
+    return model
+
+
+def _mlps(model):
+    return [name + "." for name, module in model.named_modules() if name.endswith(".mlp")]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lora_trains_as_checkpointing_with_every_part_on(device):
+    reference = _lora(device)
+    ours = copy.deepcopy(reference)
+    _checkpointed(reference)
+    handle = torch_offload.apply(ours, long_context={"tile_tokens": 100})
+    ids = torch.randint(0, 256, (1, 260), device=device)
+    for _ in range(2):
+        ref, got = _step(reference, ids), _step(ours, ids)
+        assert got[1] and all("lora_" in name for name in got[1])
+        _assert_same_training(ref, got, _mlps(ours))
+    assert handle.mode == "hidden_states" and handle.stats()["saves"] > 0
+    assert handle.chunked_loss is not None and handle.layers is not None and handle.layers.offloaded_bytes > 0
+    assert all(p.device.type == "cpu" for p in ours.parameters() if not p.requires_grad)
+    assert len(handle.long_context.tiled_mlp.mlps) == 3
+    text = handle.explain()
+    for part in ("activation mode | hidden_states", "chunked loss | on", "tiled MLP | on", "layer offloading | on",
+                 "host budget |"):
+        assert part in text, text
+    spill_dir = handle.long_context.spill_dir
+    assert spill_dir is not None and os.path.isdir(spill_dir)
+    handle.remove()
+    assert not os.path.exists(spill_dir)  # the folder it made is gone
+    assert all("forward" not in m.__dict__ for m in ours.modules())
+    # The model as before apply(): its own loss, logits and weights on the device.
+    assert all(p.device.type == device for p in ours.parameters())
+    assert ours(input_ids=ids, labels=ids).logits is not None
+
+
+def test_what_the_user_said_wins():
+    model = _lora("cpu")
+    handle = torch_offload.apply(model, "selective", layer_offloading=False, chunked_loss=False,
+                                 long_context=True, host_budget_bytes=1 << 30)
+    text = handle.explain()
+    assert "activation mode | selective | as given" in text
+    assert "layer offloading | off | as given" in text and handle.layers is None
+    assert "chunked loss | off | as given" in text and handle.chunked_loss is None
+    assert "host budget | as given | host_budget_bytes=1073741824" in text
+    assert handle.long_context.spill_dir is None
+    handle.remove()
+
+
+def test_a_model_without_frozen_weights_or_loss_gets_what_applies():
+    model = _tiny_llama("cpu", 0.0).model  # the decoder alone: no LM head, every parameter trains
+    handle = torch_offload.apply(model, long_context=True)
+    text = handle.explain()
+    assert "layer offloading | off | every parameter of the blocks trains" in text
+    assert "chunked loss | off | not a causal LM" in text and "tiled MLP | on" in text
+    hidden = model(input_ids=torch.randint(0, 256, (1, 40))).last_hidden_state
+    hidden.sum().backward()
+    handle.remove()
+
+
+def test_boundaries_beyond_the_host_budget_spill_to_disk_and_train_alike(tmp_path):
+    reference = _lora("cpu")
+    ours = copy.deepcopy(reference)
+    _checkpointed(reference)
+    ids = torch.randint(0, 256, (1, 260))
+    boundary = ids.numel() * ours.config.hidden_size * 4
+    # Room for one block input in host memory: the other two go to files.
+    handle = torch_offload.apply(ours, long_context={"tile_tokens": 100}, host_budget_bytes=boundary,
+                                 disk_dir=str(tmp_path))
+    for _ in range(2):
+        handle.manager.reset_stats()
+        _assert_same_training(_step(reference, ids), _step(ours, ids), _mlps(ours))
+        stats = handle.stats()
+        assert stats["spills"] > 0 and stats["disk_bytes_written"] > 0 and stats["bytes_to_host"] > 0
+        assert stats["live_handles"] == 0
+    assert "host budget | as given" in handle.explain()
+    handle.remove()
+
+
+def test_tile_sizes_chosen_are_listed():
+    model = _lora("cpu")
+    handle = torch_offload.apply(model, long_context=True)
+    ids = torch.randint(0, 256, (1, 3000))  # on CPU the tiles' intermediates stay within the input's size
+    _step(model, ids)
+    tiles = handle.long_context.tiled_mlp.tiles()
+    assert list(tiles) == [3000] and tiles[3000] < 3000
+    assert f"3000: {tiles[3000]}" in handle.explain()
+    handle.remove()
+
+
+def test_errors_name_the_argument():
+    model = _tiny_llama("cpu", 0.0)
+    with pytest.raises(TypeError, match=r"long_context=\{'tile': 4\} has unknown keys \['tile'\]"):
+        torch_offload.apply(model, long_context={"tile": 4})
+    with pytest.raises(ValueError, match=r"long_context='yes'; expected True, False or a dict"):
+        torch_offload.apply(model, long_context="yes")
+    with pytest.raises(ValueError, match="tile_tokens=0"):
+        torch_offload.apply(model, long_context={"tile_tokens": 0})
+    # Nothing was left behind by the refused calls.
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    handle = torch_offload.apply(model)
+    with pytest.raises(RuntimeError, match=r"explain\(\) is for apply\(..., long_context=True\)"):
+        handle.explain()
+    handle.remove()
