@@ -4,7 +4,7 @@ in the forward, in a checkpoint's recompute and in backward.
 The MLP modules are found by the "mlp" module preset (targets/presets.py: mlp, feed_forward, ffn, ...)
 inside the blocks (default: the decoder layers), or given. Each gets a forward wrapper: its input's
 sequence dimension (the one before the features) is cut into tiles whose intermediates take no more
-memory than the larger of the input itself and an eighth of the device memory left (default_tile_tokens;
+memory than the larger of the input itself and a sixteenth of the device memory left (default_tile_tokens;
 `tile_tokens=` fixes it), decided once per sequence length so that a forward and its recompute tile
 alike; a length whose intermediates fit that budget whole runs untiled. An MLP called with more than its
 input, or returning anything but one tensor (a mixture of experts' router logits), runs untiled.
@@ -22,7 +22,7 @@ from .sequence_tiles import default_tile_tokens, tiled_module_call
 # A tile's intermediates may take this share of the device memory left when a length is first seen
 # (or the MLP input's size, where that is more): the first forward of a length runs with far more
 # memory free than backward's peak, which adds a whole block's recompute and its gradients.
-MEMORY_LEFT_SHARE = 8
+MEMORY_LEFT_SHARE = 16
 
 
 def device_memory_left(device: torch.device) -> int:
@@ -115,7 +115,7 @@ def tile_mlp(model: nn.Module, blocks: Optional[Iterable[nn.Module]] = None, *,
     tokens x intermediate tensor exists at once, in forward or backward. `blocks`: where to find the
     MLPs (default: the decoder layers); `mlps`: the position-wise modules to tile instead;
     `tile_tokens`: tokens per tile (default: from the sequence length and the memory left, so that a
-    tile's intermediates take no more than the MLP's input or an eighth of the device memory left,
+    tile's intermediates take no more than the MLP's input or a sixteenth of the device memory left,
     whichever is more). Works inside checkpointed blocks (every
     mode of apply), with PEFT adapters on the projections and with layer offloading (each tile's
     backward computes with the weights of its forward, saved like any op's). Returns a handle whose
