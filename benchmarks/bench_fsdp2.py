@@ -39,8 +39,8 @@ from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import (GB, SHAPES, TINY, add_run_args, finish_run_args, log, new_result,  # noqa: E402
-                               output_dir, release_memory, short_gpu_name, table, timed_steps)
+from benchmarks.common import (GB, SHAPES, TINY, add_run_args, finish_run_args, log, longest_fitting,  # noqa: E402
+                               new_result, output_dir, release_memory, short_gpu_name, table, timed_steps)
 
 VARIANTS = ("ckpt", "hs_before", "hs_after", "hs_chunked", "all")
 
@@ -161,25 +161,6 @@ def compare_with_ckpt(runs: list) -> None:
         if "peak_allocated_GB" in r:
             r["freed_vs_ckpt_GB"] = base["peak_allocated_GB"] - r["peak_allocated_GB"]
             r["freed_over_boundary"] = r["freed_vs_ckpt_GB"] / r["boundary_GB"]
-
-
-def longest_fitting(fits, start: int, step: int, cap: int) -> int:
-    """The longest length that fits: doubling from `start` while it fits (up to `cap`), then
-    bisection between the last fit and the first failure on multiples of `step`; 0 if none fits."""
-    fit, seq = 0, start
-    while seq <= cap and fits(seq):
-        fit, seq = seq, seq * 2
-    if seq > cap:
-        return fit  # every length tried up to the cap trained
-    fail = seq
-    while True:
-        middle = (fit + fail) // 2 // step * step
-        if middle <= fit:
-            return fit
-        if fits(middle):
-            fit = middle
-        else:
-            fail = middle
 
 
 def longest(args, shape: dict, variant: str, result: dict) -> int:

@@ -62,6 +62,29 @@ def finish_run_args(args, shape: dict, tiny_shape: dict = TINY, tiny_seqs: str =
 
 
 # ------------------------------------------------------------------------------------------------
+# the longest sequence that trains (bench_fsdp2.py, bench_long_context.py)
+
+
+def longest_fitting(fits, start: int, step: int, cap: int) -> int:
+    """The longest length that fits: doubling from `start` while it fits (up to `cap`), then
+    bisection between the last fit and the first failure on multiples of `step`; 0 if none fits."""
+    fit, seq = 0, start
+    while seq <= cap and fits(seq):
+        fit, seq = seq, seq * 2
+    if seq > cap:
+        return fit  # every length tried up to the cap trained
+    fail = seq
+    while True:
+        middle = (fit + fail) // 2 // step * step
+        if middle <= fit:
+            return fit
+        if fits(middle):
+            fit = middle
+        else:
+            fail = middle
+
+
+# ------------------------------------------------------------------------------------------------
 # Hugging Face options of compiled variants
 
 # Options a compiled variant's name can end with, in this order: VARIANT_causal_detach.

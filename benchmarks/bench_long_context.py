@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""How long a sequence one GPU trains, and how fast: the Llama-3-8B shape with PEFT LoRA adapters.
+
+Model: LlamaForCausalLM of the shape (--shape llama3_8b: 32 layers, hidden 4096, ffn 14336; --layers
+N for a slice), random init, bf16 (fp32 on CPU), SDPA, built on the device; PEFT LoRA rank 16,
+alpha 32, dropout 0 on q/k/v/o/gate/up/down, the base frozen, the adapters in fp32 (PEFT's default;
+--lora-dtype bf16 keeps them in the model's dtype). Batch 1, random ids, labels = ids; every step is
+forward, backward and an AdamW step on the LoRA parameters. A fresh model for every run and every
+try of the search, with the device memory checked back to ~0 first. Variants (--variants):
+
+  ckpt          model.gradient_checkpointing_enable(use_reentrant=False), the model's own loss: what a
+                user does today
+  hf_offload    the same with transformers' offload=True (save_on_cpu around each checkpoint)
+  ours          torch_offload.apply(model, "hidden_states", long_context=True): layer inputs in host
+                memory (disk past the host budget), chunked loss, tiled MLP, frozen base offloaded
+  ours_untiled  torch_offload.apply(model, "hidden_states", chunked_loss=True): no tiled MLP
+
+--longest: per variant (--longest-variants), the longest S that trains one step: doubling from
+--longest-start, then bisection on multiples of --longest-step, up to --longest-max; an
+out-of-memory error means it does not fit. A try whose step took longer than --try-timeout-s stops
+that variant's search, and --deadline-s (seconds since the start) stops everything: the length is
+then reported as "at least". Every try is recorded (length, fits, step seconds, peak).
+--seqs: timed steps (--warmup, then the median of --steps) at each length: step time, tokens/s, peak
+allocated / reserved GPU memory; for ours the engine's statistics over the measured steps (host
+peak, bytes to host, disk bytes written, spills; the frozen weights' copies) and handle.explain().
+An out-of-memory length is recorded as OOM. --timed-longest: each variant timed at its own longest
+length; --timed-longest VARIANT: every variant timed at VARIANT's longest.
+
+Writes <out>/long_context.json, .md and .png (peak GPU memory and tokens/s against the length; on
+CPU memory is not measured; a run cut short: python -m torch_offload.bench.plot long_context.json
+long_context.png); without --out, into a new temporary folder.
+
+GPU:       python3 benchmarks/bench_long_context.py --longest --variants ckpt,hf_offload --seqs "" \\
+               --deadline-s 420 --out DIR
+           python3 benchmarks/bench_long_context.py --variants ours --seqs 262144 --warmup 0 --steps 1 --out DIR
+CPU smoke: python benchmarks/bench_long_context.py --device cpu --tiny --longest --out DIR
+"""
+import argparse
+import inspect
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch_offload  # noqa: E402
+from benchmarks.common import (GB, LLAMA3_8B, add_run_args, build_llama, finish_run_args, log,  # noqa: E402
+                               longest_fitting, new_result, output_dir, release_memory, table, timed_steps)
+
+VARIANTS = ("ckpt", "hf_offload", "ours", "ours_untiled")
+SHAPES = {"llama3_8b": LLAMA3_8B}
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LEFT_OVER_BYTES = 256 << 20  # device memory still allocated before a build that is worth a warning
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------------
+# the model and the variants (kept free of this script's options: a multi-GPU script can reuse them)
+
+
+def build_lora_llama(shape: dict, device: str, seq: int, lora_dtype: str = "fp32"):
+    """A fresh random-init Llama of `shape` on `device` with PEFT LoRA (r 16, alpha 32, dropout 0) on
+    every projection, the base frozen. lora_dtype "fp32": PEFT's default upcast of the adapters."""
+    import peft
+
+    model = build_llama(shape, device, seq)
+    config = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_TARGETS)
+    return peft.get_peft_model(model, config, autocast_adapter_dtype=lora_dtype == "fp32").train()
+
+
+def enable(model, variant: str):
+    """Turns `variant` on for a fresh PEFT model: (our handle or None, what to remove afterwards,
+    the call that turned it on)."""
+    if variant in ("ckpt", "hf_offload"):
+        offload = {"offload": True} if variant == "hf_offload" else {}
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}, **offload)
+        return None, [], "gradient_checkpointing_enable(use_reentrant=False" + (", offload=True)" if offload else ")")
+    if variant == "ours_untiled":
+        handle = torch_offload.apply(model, "hidden_states", chunked_loss=True)
+        return handle, [handle], 'apply(model, "hidden_states", chunked_loss=True)'
+    if variant == "ours":
+        return enable_ours(model)
+    raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+
+
+def enable_ours(model):
+    try:
+        handle = torch_offload.apply(model, "hidden_states", long_context=True)
+        return handle, [handle], 'apply(model, "hidden_states", long_context=True)'
+    except TypeError as error:
+        if "long_context" not in str(error):
+            raise
+    # FALLBACK for a torch_offload whose apply() has no long_context switch yet (TypeError above):
+    # its activation parts only (no layer offloading of the frozen base, no disk spill). Delete once
+    # long_context=True is everywhere.
+    handle = torch_offload.apply(model, "hidden_states", chunked_loss=True)
+    return handle, [handle, torch_offload.tile_mlp(model)], \
+        'fallback: apply(model, "hidden_states", chunked_loss=True) + tile_mlp(model)'
+
+
+def is_oom(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError)
+                                                         and "out of memory" in str(error))
+
+
+def offload_fields(handle, steps: int) -> dict:
+    """Our handle's statistics over the measured steps, per step where a count of bytes."""
+    stats = handle.stats()
+    row = {"offload_stats": stats, "host_peak_GB": stats.get("host_bytes_peak", 0) / GB,
+           "to_host_GB_per_step": stats.get("bytes_to_host", 0) / steps / GB,
+           "disk_written_GB_per_step": stats.get("disk_bytes_written", 0) / steps / GB,
+           "spills": stats.get("spills", 0)}
+    if handle.layers is not None:
+        row["layer_stats"] = handle.layers.stats()
+        row["weights_to_device_GB_per_step"] = row["layer_stats"].get("bytes_to_device", 0) / steps / GB
+    try:
+        row["explain"] = handle.explain()
+    except (AttributeError, RuntimeError):  # only with long_context=True (and mode "auto")
+        pass
+    return row
+
+
+# ------------------------------------------------------------------------------------------------
+# one run: a fresh model under a variant, trained `warmup` + `steps` steps
+
+
+def train(args, variant: str, seq: int, warmup: int, steps: int) -> dict:
+    model = build_lora_llama(args.config, args.device, seq, args.lora_dtype)
+    handle, undo, how = enable(model, variant)
+    try:
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+        ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
+
+        def step():
+            if 0 < args.cpu_oom_above < seq:
+                raise torch.OutOfMemoryError(f"out of memory (--cpu-oom-above {args.cpu_oom_above})")
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        for _ in range(warmup):
+            step()
+        if handle is not None:
+            handle.manager.synchronize()
+            torch_offload.reset_stats(handle.manager)
+            if handle.layers is not None:
+                handle.layers.manager.reset_stats()
+        if args.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        row = {"variant": variant, "seq": seq, "how": how, **timed_steps(step, steps, seq, args.device)}
+        if handle is not None:
+            handle.manager.synchronize()
+            row.update(offload_fields(handle, steps))
+        return row
+    finally:
+        # A failure here must not hide the step's own error (an out-of-memory one is a result).
+        cleanup = [part.remove for part in reversed(undo)]
+        if getattr(handle, "manager", None) is not None:
+            cleanup.append(handle.manager.empty_pool)
+        for done in cleanup:
+            try:
+                done()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+
+
+def check_released(args, result: dict, what: str) -> None:
+    """Frees what the last run left; warns when device memory is still allocated (a model kept
+    alive by a reference cycle would inflate the next run's peak)."""
+    release_memory(args.device)
+    left = torch.cuda.memory_allocated() if args.device == "cuda" else 0
+    if left > LEFT_OVER_BYTES:
+        message = f"{left / GB:.2f} GB of device memory still allocated before {what}"
+        log("WARNING:", message)
+        result.setdefault("warnings", []).append(message)
+
+
+def attempt(args, result: dict, variant: str, seq: int, warmup: int, steps: int) -> dict:
+    """train() on fresh memory; an out-of-memory error gives {"error": "OOM"}."""
+    check_released(args, result, f"{variant} at {seq}")
+    try:
+        return train(args, variant, seq, warmup, steps)
+    except Exception as error:  # noqa: BLE001 (only out of memory is caught)
+        if not is_oom(error):
+            raise
+        row = {"variant": variant, "seq": seq, "error": "OOM"}
+    # Out of the except block: the traceback's frames, and the model in them, are gone.
+    if args.device == "cuda":
+        row["peak_at_oom_GB"] = torch.cuda.max_memory_allocated() / GB
+    release_memory(args.device)
+    return row
+
+
+def past_deadline(args) -> bool:
+    return args.deadline_s > 0 and time.monotonic() - args.t0 >= args.deadline_s
+
+
+class StopSearch(Exception):
+    pass
+
+
+def search(args, result: dict, variant: str) -> dict:
+    """--longest for one variant: {"longest", "bound" ("exact" or "at least"), "why", "tries"}."""
+    entry = {"variant": variant, "tries": []}
+
+    def fits(seq):
+        if past_deadline(args):
+            raise StopSearch(f"--deadline-s {args.deadline_s:g} reached")
+        row = attempt(args, result, variant, seq, warmup=0, steps=1)
+        entry["tries"].append({"seq": seq, "fits": "error" not in row, "step_s": row.get("step_s"),
+                               "peak_allocated_GB": row.get("peak_allocated_GB", row.get("peak_at_oom_GB"))})
+        log(f"longest {variant}: {seq} " + ("fits, step %.1f s" % row["step_s"] if "error" not in row else "OOM"))
+        if "error" not in row and args.try_timeout_s and row["step_s"] > args.try_timeout_s:
+            raise StopSearch(f"one step at {seq} took {row['step_s']:.0f} s > --try-timeout-s {args.try_timeout_s:g}")
+        return "error" not in row
+
+    try:
+        entry["longest"] = longest_fitting(fits, args.longest_start, args.longest_step, args.longest_max)
+        failed = [t["seq"] for t in entry["tries"] if not t["fits"]]
+        entry["bound"] = "exact" if failed else "at least"
+        entry["why"] = (f"{min(failed)} does not fit" if failed
+                        else f"every length tried fits; the next doubling passes --longest-max {args.longest_max}")
+    except Exception as error:  # noqa: BLE001 (StopSearch, or a failure that is not out of memory)
+        if not isinstance(error, StopSearch):
+            traceback.print_exc()
+        entry["longest"] = max([t["seq"] for t in entry["tries"] if t["fits"]], default=0)
+        entry["bound"], entry["why"] = "at least", str(error) if isinstance(error, StopSearch) else \
+            f"failed: {type(error).__name__}: {str(error)[:300]}"
+    fitting = [t for t in entry["tries"] if t["fits"] and t["seq"] == entry["longest"]]
+    if fitting:
+        entry["step_s"], entry["peak_allocated_GB"] = fitting[0]["step_s"], fitting[0]["peak_allocated_GB"]
+    return entry
+
+
+def timed(args, result: dict, variant: str, seq: int, **extra) -> None:
+    """One timed cell of the table, appended to result["runs"]."""
+    if past_deadline(args):
+        row = {"variant": variant, "seq": seq, "error": "skipped (deadline)"}
+    else:
+        try:
+            row = attempt(args, result, variant, seq, args.warmup, args.steps)
+        except Exception as error:  # noqa: BLE001 (recorded; the other cells still run)
+            traceback.print_exc()
+            row = {"variant": variant, "seq": seq, "error": f"failed: {type(error).__name__}: {str(error)[:200]}"}
+    row.update(extra)
+    result["runs"].append(row)
+    log({k: v for k, v in row.items() if k not in ("offload_stats", "layer_stats", "explain", "times_s")},
+        f"{time.monotonic() - args.t0:.0f}s")
+
+
+# ------------------------------------------------------------------------------------------------
+# results
+
+
+def environment(args) -> dict:
+    import peft
+    import transformers
+
+    def git(*command):
+        try:
+            return subprocess.run(["git", *command], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    host_ram = None
+    if os.path.exists("/proc/meminfo"):
+        with open("/proc/meminfo") as f:
+            host_ram = next((int(line.split()[1]) * 1024 / GB for line in f if line.startswith("MemTotal:")), None)
+    return {"argv": sys.argv, "transformers": transformers.__version__, "peft": peft.__version__,
+            "git_commit": git("rev-parse", "HEAD") or None,
+            "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "host_ram_GB": host_ram, "shape": "tiny" if args.tiny else args.shape,
+            "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "targets": LORA_TARGETS, "dtype": args.lora_dtype},
+            "device": args.device, "warmup": args.warmup, "steps": args.steps}
+
+
+def markdown(result: dict) -> str:
+    c = result["config"]
+    lines = [f"# Long context on {result['gpu']}: {result['shape']} shape, LoRA", "",
+             f"command: `{result['command']}`", "",
+             f"model: {c['layers']} layers, hidden {c['hidden']}, ffn {c['intermediate']}, vocab {c['vocab']}; "
+             f"LoRA r16 on every projection, adapters {result['lora']['dtype']}; batch 1, AdamW on the adapters "
+             f"in every step. torch {result['torch']}, transformers {result['transformers']}, peft {result['peft']}, "
+             f"commit {result['git_commit']}{' (modified)' if result['git_dirty'] else ''}, "
+             f"host RAM {result['host_ram_GB'] or 0:.0f} GB"]
+    if result["device"] == "cpu":
+        lines += ["", "CPU run: device memory is not measured."]
+    for warning in result.get("warnings", []):
+        lines += ["", f"WARNING: {warning}"]
+    if result.get("longest"):
+        lines += ["", "## Longest sequence that trains one step", "",
+                  "| variant | longest | bound | step s | peak alloc GB | tries |", "|---|---|---|---|---|---|"]
+        for e in result["longest"]:
+            peak = e.get("peak_allocated_GB")
+            tries = ", ".join(f"{t['seq']}:{'fits' if t['fits'] else 'OOM'}" for t in e["tries"])
+            step = e.get("step_s")
+            lines.append(f"| {e['variant']} | {e['longest']} | {e['bound']} ({e['why']}) | "
+                         f"{'-' if step is None else format(step, '.2f')} | "
+                         f"{'-' if peak is None else format(peak, '.2f')} | {tries} |")
+    if result["runs"]:
+        lines += ["", f"## Timed steps: median of {result['steps']} after {result['warmup']} warm-up", ""]
+        lines += table(result["runs"], [
+            ("step s", "step_s", "{:.2f}"), ("tok/s", "tokens_per_s", "{:.0f}"),
+            ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
+            ("host peak GB", "host_peak_GB", "{:.2f}"), ("to host GB/step", "to_host_GB_per_step", "{:.2f}"),
+            ("disk GB/step", "disk_written_GB_per_step", "{:.2f}"), ("spills", "spills", "{:.0f}"),
+            ("weights H2D GB/step", "weights_to_device_GB_per_step", "{:.2f}"), ("at longest of", "at_longest_of", "{}")])
+        explained = [r for r in result["runs"] if r.get("explain")]
+        if explained:
+            lines += ["", f"## {explained[-1]['variant']} at {explained[-1]['seq']}: handle.explain()", "",
+                      explained[-1]["explain"]]
+    return "\n".join(lines) + "\n"
+
+
+def write(result: dict, out: Path, png: bool = False) -> None:
+    (out / "long_context.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / "long_context.md").write_text(markdown(result))
+    if png and result["runs"]:
+        from torch_offload.bench.plot import plot
+        c = result["config"]
+        figure = dict(result, model=f"{result['shape']} shape ({c['layers']} layers, LoRA r16)")
+        try:
+            plot(figure, out / "long_context.png")
+        except RuntimeError as error:  # matplotlib missing: the JSON can be plotted elsewhere
+            log(error)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(p, seqs="16384,32768,65536,131072,262144", steps=2, warmup=1)
+    p.add_argument("--variants", default="ckpt,hf_offload,ours", help="comma-separated: " + ",".join(VARIANTS))
+    p.add_argument("--shape", default="llama3_8b", choices=sorted(SHAPES))
+    p.add_argument("--layers", type=int, default=0, help="this many decoder layers (a slice of the shape)")
+    p.add_argument("--lora-dtype", default="fp32", choices=("fp32", "bf16"),
+                   help="fp32: PEFT's default upcast of the adapters; bf16: the model's dtype")
+    p.add_argument("--longest", action="store_true", help="search the longest length that trains one step")
+    p.add_argument("--longest-variants", default=None, help="variants searched (default: --variants)")
+    p.add_argument("--longest-start", type=int, default=None, help="default 8192 (tiny: 32)")
+    p.add_argument("--longest-step", type=int, default=None, help="default 8192 (tiny: 32)")
+    p.add_argument("--longest-max", type=int, default=None, help="default 524288 (tiny: 256)")
+    p.add_argument("--try-timeout-s", type=float, default=300.0,
+                   help="a try whose step took longer stops that variant's search upward (0: no limit)")
+    p.add_argument("--deadline-s", type=float, default=0.0,
+                   help="start no try or timed run after this many seconds (0: none)")
+    p.add_argument("--timed-longest", nargs="?", const="own", default=None, metavar="VARIANT",
+                   help="after --longest, time each variant at its own longest length, or at VARIANT's")
+    p.add_argument("--cpu-oom-above", type=int, default=0,
+                   help="smoke tests: a step longer than this raises out of memory (exercises the bisection)")
+    args = p.parse_args()
+    args.t0 = time.monotonic()
+    shape = dict(SHAPES[args.shape])
+    finish_run_args(args, shape, tiny_seqs="64,128")
+    if args.layers:
+        args.config = dict(args.config, layers=args.layers)
+    defaults = (32, 32, 256) if args.tiny else (8192, 8192, 524288)
+    for name, default in zip(("longest_start", "longest_step", "longest_max"), defaults):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    variants = [v for v in args.variants.split(",") if v]
+    searched = [v for v in (args.longest_variants or args.variants).split(",") if v] if args.longest else []
+    for v in variants + searched:
+        if v not in VARIANTS:
+            p.error(f"unknown variant {v!r}; expected some of {','.join(VARIANTS)}")
+    if args.timed_longest not in (None, "own") and args.timed_longest not in searched:
+        p.error(f"--timed-longest {args.timed_longest}: that variant is not searched (--longest, --longest-variants)")
+    if "hf_offload" in variants + searched:
+        from transformers import PreTrainedModel
+        if "offload" not in inspect.signature(PreTrainedModel.gradient_checkpointing_enable).parameters:
+            p.error("hf_offload: this transformers has no gradient_checkpointing_enable(offload=...)")
+
+    out = output_dir(args, prefix="torch_offload_long_context_")
+    result = new_result(args, **environment(args), longest=[])
+    for variant in searched:
+        result["longest"].append(search(args, result, variant))
+        write(result, out)
+    for seq in args.seq_list:
+        for variant in variants:
+            timed(args, result, variant, seq)
+            write(result, out)
+    if args.timed_longest:
+        found = {e["variant"]: e["longest"] for e in result["longest"]}
+        for variant in variants if args.timed_longest != "own" else searched:
+            source = variant if args.timed_longest == "own" else args.timed_longest
+            if found.get(source):
+                timed(args, result, variant, found[source], at_longest_of=source)
+                write(result, out)
+    write(result, out, png=True)
+    log(markdown(result))
+    log(f"results in {out}")
+
+
+if __name__ == "__main__":
+    main()
