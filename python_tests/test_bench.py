@@ -327,7 +327,7 @@ def test_bench_selective_tail_and_loss_suffixes_cpu_smoke(tmp_path):
 
 
 def test_bench_activations_cpu_smoke_with_trl(tmp_path):
-    # TRL's OffloadActivations runs beside ours in the same process (trl is pinned in requirements.txt).
+    # TRL's OffloadActivations runs beside ours in the same process (trl is pinned in requirements/test.txt).
     run = subprocess.run([sys.executable, "benchmarks/bench_activations.py", "--device", "cpu", "--tiny", "--seqs", "64",
                           "--variants", "none,all,trl", "--no-noise", "--soak-steps", "2", "--steps", "1", "--warmup", "1",
                           "--min-bytes", "0", "--out", str(tmp_path)],
