@@ -73,9 +73,10 @@ def build_lora_llama(shape: dict, device: str, seq: int, lora_dtype: str = "fp32
     return peft.get_peft_model(model, config, autocast_adapter_dtype=lora_dtype == "fp32").train()
 
 
-def enable(model, variant: str):
+def enable(model, variant: str, **ours_options):
     """Turns `variant` on for a fresh PEFT model: (our handle or None, what to remove afterwards,
-    the call that turned it on)."""
+    the call that turned it on). ours_options: apply()'s options for "ours" (host_budget_bytes,
+    disk_dir)."""
     if variant in ("ckpt", "hf_offload"):
         offload = {"offload": True} if variant == "hf_offload" else {}
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}, **offload)
@@ -84,23 +85,14 @@ def enable(model, variant: str):
         handle = torch_offload.apply(model, "hidden_states", chunked_loss=True)
         return handle, [handle], 'apply(model, "hidden_states", chunked_loss=True)'
     if variant == "ours":
-        return enable_ours(model)
+        return enable_ours(model, **ours_options)
     raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
 
 
-def enable_ours(model):
-    try:
-        handle = torch_offload.apply(model, "hidden_states", long_context=True)
-        return handle, [handle], 'apply(model, "hidden_states", long_context=True)'
-    except TypeError as error:
-        if "long_context" not in str(error):
-            raise
-    # FALLBACK for a torch_offload whose apply() has no long_context switch yet (TypeError above):
-    # its activation parts only (no layer offloading of the frozen base, no disk spill). Delete once
-    # long_context=True is everywhere.
-    handle = torch_offload.apply(model, "hidden_states", chunked_loss=True)
-    return handle, [handle, torch_offload.tile_mlp(model)], \
-        'fallback: apply(model, "hidden_states", chunked_loss=True) + tile_mlp(model)'
+def enable_ours(model, **options):
+    handle = torch_offload.apply(model, "hidden_states", long_context=True, **options)
+    said = "".join(f", {key}={value!r}" for key, value in options.items())
+    return handle, [handle], f'apply(model, "hidden_states", long_context=True{said})'
 
 
 def is_oom(error: BaseException) -> bool:
@@ -131,7 +123,12 @@ def offload_fields(handle, steps: int) -> dict:
 
 def train(args, variant: str, seq: int, warmup: int, steps: int) -> dict:
     model = build_lora_llama(args.config, args.device, seq, args.lora_dtype)
-    handle, undo, how = enable(model, variant)
+    options = {}
+    if args.host_budget_gb:
+        options["host_budget_bytes"] = int(args.host_budget_gb * GB)
+    if args.disk_dir:
+        options["disk_dir"] = args.disk_dir
+    handle, undo, how = enable(model, variant, **options)
     try:
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
         ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
@@ -338,6 +335,9 @@ def main():
     p.add_argument("--layers", type=int, default=0, help="this many decoder layers (a slice of the shape)")
     p.add_argument("--lora-dtype", default="fp32", choices=("fp32", "bf16"),
                    help="fp32: PEFT's default upcast of the adapters; bf16: the model's dtype")
+    p.add_argument("--host-budget-gb", type=float, default=0.0,
+                   help="ours: host memory for the boundaries, the rest spills to disk (default: from the RAM available)")
+    p.add_argument("--disk-dir", default="", help="ours: where boundaries over the host budget spill (default: a temp folder)")
     p.add_argument("--longest", action="store_true", help="search the longest length that trains one step")
     p.add_argument("--longest-variants", default=None, help="variants searched (default: --variants)")
     p.add_argument("--longest-start", type=int, default=None, help="default 8192 (tiny: 32)")

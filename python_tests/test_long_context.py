@@ -68,9 +68,12 @@ def test_what_the_user_said_wins():
     assert "activation mode | selective | as given" in text
     assert "layer offloading | off | as given" in text and handle.layers is None
     assert "chunked loss | off | as given" in text and handle.chunked_loss is None
-    assert "host budget | as given | host_budget_bytes=1073741824" in text
-    assert handle.long_context.spill_dir is None
+    assert "host budget | 1.0 GiB, then disk | as given (host_budget_bytes=1073741824); beyond it the " \
+           "boundaries spill to " in text
+    spill_dir = handle.long_context.spill_dir  # made, as no disk_dir was given
+    assert spill_dir is not None and handle.manager.disk_dir() == spill_dir
     handle.remove()
+    assert not os.path.exists(spill_dir)
 
 
 def test_a_model_without_frozen_weights_or_loss_gets_what_applies():
@@ -99,8 +102,9 @@ def test_boundaries_beyond_the_host_budget_spill_to_disk_and_train_alike(tmp_pat
         stats = handle.stats()
         assert stats["spills"] > 0 and stats["disk_bytes_written"] > 0 and stats["bytes_to_host"] > 0
         assert stats["live_handles"] == 0
-    assert "host budget | as given" in handle.explain()
+    assert f"{tmp_path} (as given)" in handle.explain() and handle.long_context.spill_dir is None
     handle.remove()
+    assert tmp_path.exists()  # the user's folder stays
 
 
 def test_tile_sizes_chosen_are_listed():

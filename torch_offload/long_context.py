@@ -31,7 +31,6 @@ from .tiling.tiled_mlp import find_mlps, tile_mlp
 HOST_RESERVE_BYTES = 8 << 30
 HOST_RESERVE_SHARE = 0.1
 _SETTINGS = ("tile_tokens",)
-_BUDGET_GIVEN = ("host_budget_bytes", "node_host_budget_bytes", "disk_dir", "disk_only")
 
 
 def long_context_settings(value, call: str) -> dict:
@@ -103,33 +102,41 @@ class LongContextPlan(NotPicklable):
         self.note("tiled MLP", "on", f"{len(mlps)} MLPs computed over tiles of the sequence, {size}")
 
     def host_budget(self, options, manager) -> object:
-        """The mode's options with the host budget and spill folder set, unless given."""
+        """The mode's options with a host budget and a spill folder, each unless given."""
         if manager is not None:
             self.note("host budget", "the given manager's", "manager= is used as it is")
             return options
         fields = {f.name for f in dataclasses.fields(options)} if dataclasses.is_dataclass(options) else set()
         if "host_budget_bytes" not in fields:
             return options  # no activation manager (mode=None)
-        given = [name for name in _BUDGET_GIVEN if getattr(options, name, None) not in (None, 0, False, "")]
+        if getattr(options, "disk_only", False):
+            self.note("host budget", "none: disk only", "as given (disk_only=True)")
+            return options
+        changes = {}
+        given = options.host_budget_bytes or options.node_host_budget_bytes
         if given:
-            self.note("host budget", "as given", ", ".join(f"{name}={getattr(options, name)!r}" for name in given))
-            return options
-        available = available_host_bytes()
-        if available is None:
-            self.note("host budget", "none", "the host's available memory is unknown (no /proc/meminfo)")
-            return options
-        total = _total_host_bytes() or available
-        budget = max(1 << 30, available - max(HOST_RESERVE_BYTES, int(HOST_RESERVE_SHARE * total)))
-        self.spill_dir = tempfile.mkdtemp(prefix="torch_offload_spill_")
-        self._made_dir = True
-        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        key = "node_host_budget_bytes" if ranks > 1 else "host_budget_bytes"
-        share = f" shared by {ranks} ranks" if ranks > 1 else ""
-        self.note("host budget", f"{budget / 2**30:.1f} GiB{share}, then disk",
-                  f"{available / 2**30:.1f} GiB of host memory available less a reserve of "
-                  f"{(available - budget) / 2**30:.1f} GiB; beyond it the boundaries spill to {self.spill_dir} "
-                  "(disk_dir= and host_budget_bytes= to choose)")
-        return dataclasses.replace(options, **{key: budget, "disk_dir": self.spill_dir})
+            name = "host_budget_bytes" if options.host_budget_bytes else "node_host_budget_bytes"
+            budget, why = given, f"as given ({name}={given})"
+        else:
+            available = available_host_bytes()
+            if available is None:
+                self.note("host budget", "none", "the host's available memory is unknown (no /proc/meminfo)")
+                return options
+            total = _total_host_bytes() or available
+            budget = max(1 << 30, available - max(HOST_RESERVE_BYTES, int(HOST_RESERVE_SHARE * total)))
+            ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            changes["node_host_budget_bytes" if ranks > 1 else "host_budget_bytes"] = budget
+            why = (f"{available / 2**30:.1f} GiB of host memory available less a reserve of "
+                   f"{(available - budget) / 2**30:.1f} GiB" + (f", shared by {ranks} ranks" if ranks > 1 else ""))
+        if options.disk_dir:
+            where = f"{options.disk_dir} (as given)"
+        else:
+            self.spill_dir = changes["disk_dir"] = tempfile.mkdtemp(prefix="torch_offload_spill_")
+            self._made_dir = True
+            where = f"{self.spill_dir}, made for it (disk_dir= to choose)"
+        self.note("host budget", f"{budget / 2**30:.1f} GiB, then disk", f"{why}; beyond it the boundaries spill to "
+                  f"{where}")
+        return dataclasses.replace(options, **changes) if changes else options
 
     def explain(self) -> str:
         lines = ["torch_offload long_context=True", "", "| part | chosen | why |", "|---|---|---|"]
