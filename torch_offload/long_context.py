@@ -4,7 +4,9 @@ checkpointing fits needs, turned on together, each part with the reason it was o
 - the activation mode: the one given (default "hidden_states": every block's input in host memory,
   the least the GPU keeps of any mode that recomputes);
 - the chunked loss (no vocabulary x tokens logits), where the model is a causal LM with a loss;
-- the tiled MLP (no tokens x ffn intermediate), where the blocks have an MLP;
+- the tiled MLP (no tokens x ffn intermediate), where the blocks have an MLP, and tiled norms (no
+  float32 copy of the whole hidden states saved for backward), where the blocks have RMSNorm or
+  LayerNorm children;
 - layer offloading of the frozen weights (the base under LoRA adapters), where the blocks have any;
 - the host budget: the boundaries take host RAM up to what is available when apply() runs (less a
   reserve), and what goes beyond it spills to files in `disk_dir` (a new folder in the system's
@@ -24,7 +26,7 @@ from torch import nn
 from .copies import NotPicklable
 from .layers.frozen_weights import available_host_bytes
 from .loss.lm_loss import chunk_lm_loss
-from .tiling.tiled_mlp import find_mlps, tile_mlp
+from .tiling.tiled_mlp import find_mlps, find_norms, tile_mlp
 
 # Host RAM left to everything else (the process, the page cache, other ranks' spikes) when the
 # boundaries' budget comes from what is available: the larger of these.
@@ -55,7 +57,8 @@ class LongContextPlan(NotPicklable):
     def __init__(self, settings: dict):
         self.settings = settings
         self.choices: List[tuple] = []  # (part, what was chosen, why)
-        self.tiled_mlp = None  # TiledMLPHandle
+        self.tiled_mlp = None  # TiledMLPHandle of the blocks' MLPs
+        self.tiled_norms = None  # TiledMLPHandle of the blocks' norms
         self.spill_dir: Optional[str] = None  # the folder made for spills (removed by remove())
         self._made_dir = False
 
@@ -91,15 +94,22 @@ class LongContextPlan(NotPicklable):
 
     def tile(self, model: nn.Module, blocks: List[nn.Module]) -> None:
         tile_tokens = self.settings.get("tile_tokens")
+        size = (f"{tile_tokens} tokens per tile" if tile_tokens else
+                "tiles sized at the first call of each length from the memory left (listed below)")
         try:
             mlps = find_mlps(model, blocks)
         except ValueError as error:
             self.note("tiled MLP", "off", f"no MLP found in the blocks: {error}")
+        else:
+            self.tiled_mlp = tile_mlp(model, mlps=mlps, tile_tokens=tile_tokens)
+            self.note("tiled MLP", "on", f"{len(mlps)} MLPs computed over tiles of the sequence, {size}")
+        norms = find_norms(blocks)
+        if not norms:
+            self.note("tiled norms", "off", "no RMSNorm or LayerNorm directly in the blocks")
             return
-        self.tiled_mlp = tile_mlp(model, mlps=mlps, tile_tokens=tile_tokens)
-        size = (f"{tile_tokens} tokens per tile" if tile_tokens else
-                "tiles sized at the first call of each length from the memory left (explain() lists them)")
-        self.note("tiled MLP", "on", f"{len(mlps)} MLPs computed over tiles of the sequence, {size}")
+        self.tiled_norms = tile_mlp(model, mlps=norms, tile_tokens=tile_tokens)
+        self.note("tiled norms", "on", f"{len(norms)} norms computed over tiles: their float32 copies of the "
+                  f"hidden states, saved for backward, exist one tile at a time; {size}")
 
     def host_budget(self, options, manager) -> object:
         """The mode's options with a host budget and a spill folder, each unless given."""
@@ -141,16 +151,18 @@ class LongContextPlan(NotPicklable):
     def explain(self) -> str:
         lines = ["torch_offload long_context=True", "", "| part | chosen | why |", "|---|---|---|"]
         lines += [f"| {part} | {chosen} | {why} |" for part, chosen, why in self.choices]
-        tiles = {} if self.tiled_mlp is None else self.tiled_mlp.tiles()
-        if tiles:
-            lines += ["", "tokens per MLP tile, by sequence length: "
-                      + ", ".join(f"{length}: {tile}" for length, tile in sorted(tiles.items()))]
+        for what, handle in (("MLP", self.tiled_mlp), ("norm", self.tiled_norms)):
+            tiles = {} if handle is None else handle.tiles()
+            if tiles:
+                lines += ["", f"tokens per {what} tile, by sequence length: "
+                          + ", ".join(f"{length}: {tile}" for length, tile in sorted(tiles.items()))]
         return "\n".join(lines) + "\n"
 
     def remove(self) -> None:
-        if self.tiled_mlp is not None:
-            self.tiled_mlp.remove()
-            self.tiled_mlp = None
+        for handle in (self.tiled_mlp, self.tiled_norms):
+            if handle is not None:
+                handle.remove()
+        self.tiled_mlp = self.tiled_norms = None
         if self._made_dir:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
             self._made_dir = False

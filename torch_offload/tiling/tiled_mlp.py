@@ -8,6 +8,8 @@ memory than the larger of the input itself and a sixteenth of the device memory 
 `tile_tokens=` fixes it), decided once per sequence length so that a forward and its recompute tile
 alike; a length whose intermediates fit that budget whole runs untiled. An MLP called with more than its
 input, or returning anything but one tensor (a mixture of experts' router logits), runs untiled.
+Any other position-wise module can be given as mlps=[...]: a norm (find_norms), whose float32 upcast
+saves two copies of its input's size in float32, tiles the same way.
 """
 from typing import Iterable, List, Optional
 
@@ -33,19 +35,26 @@ def device_memory_left(device: torch.device) -> int:
     free, _ = torch.cuda.mem_get_info(device)
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
-def _intermediate(mlp: nn.Module) -> int:
-    """The widest output of the MLP's Linear modules (its intermediate size)."""
-    widths = [m.out_features for m in mlp.modules() if isinstance(m, nn.Linear)]
-    if not widths:
-        raise ValueError(f"torch_offload.tile_mlp: {type(mlp).__name__} has no Linear modules; pass the "
-                         "position-wise modules to tile as mlps=[...]")
-    return max(widths)
+def _intermediate(module: nn.Module) -> Optional[int]:
+    """The widest output of the module's Linear modules (an MLP's intermediate size); None for a
+    module without any (a norm), whose widest intermediates are float32 copies of its input."""
+    widths = [m.out_features for m in module.modules() if isinstance(m, nn.Linear)]
+    return max(widths) if widths else None
+
+
+def find_norms(blocks: Iterable[nn.Module]) -> List[nn.Module]:
+    """The norms that are direct children of each block (a decoder layer's input and post-attention
+    RMSNorm or LayerNorm): position-wise modules whose float32 upcast makes their saved tensors
+    twice the size of their input."""
+    return [child for block in blocks for child in block.children()
+            if isinstance(child, (nn.LayerNorm, nn.RMSNorm)) or type(child).__name__.endswith(("RMSNorm", "LayerNorm"))]
 
 
 class TiledForward(BlockForward):
-    """An MLP's forward over tiles of the sequence while its input has more tokens than a tile."""
+    """A position-wise module's forward (an MLP's, a norm's) over tiles of the sequence while its
+    input has more tokens than a tile."""
 
-    _pickled_what = "the tiled forward of an MLP"
+    _pickled_what = "the tiled forward of a position-wise module"
 
     def __init__(self, mlp: nn.Module, tile_tokens: Optional[int]):
         super().__init__(mlp)
@@ -60,8 +69,9 @@ class TiledForward(BlockForward):
         tile = self.tile_tokens or self.tiles.get(tokens)
         if tile is None:
             budget = max(x.numel() * x.element_size(), device_memory_left(x.device) // MEMORY_LEFT_SHARE)
-            tile = self.tiles[tokens] = default_tile_tokens(tokens, x.shape[-1], self.intermediate, budget,
-                                                            element_size=x.element_size())
+            # An MLP's gate, up and their product in x's dtype; a norm's float32 copies of x.
+            width, size = (self.intermediate, x.element_size()) if self.intermediate else (x.shape[-1], 4)
+            tile = self.tiles[tokens] = default_tile_tokens(tokens, x.shape[-1], width, budget, element_size=size)
         return tiled_module_call(self._run_one, self.block, x, tile, dim=-2)
 
     def _run_one(self, x):
