@@ -13,6 +13,7 @@ try of the search, with the device memory checked back to ~0 first. Variants (--
   hf_offload    the same with transformers' offload=True (save_on_cpu around each checkpoint)
   ours          torch_offload.apply(model, "hidden_states", long_context=True): layer inputs in host
                 memory (disk past the host budget), chunked loss, tiled MLP, frozen base offloaded
+  ours_weights_on_gpu  the same with layer_offloading=False: the frozen base stays on the GPU
   ours_untiled  torch_offload.apply(model, "hidden_states", chunked_loss=True): no tiled MLP
 
 --longest: per variant (--longest-variants), the longest S that trains one step: doubling from
@@ -52,7 +53,7 @@ import torch_offload  # noqa: E402
 from benchmarks.common import (GB, LLAMA3_8B, add_run_args, build_llama, finish_run_args, log,  # noqa: E402
                                longest_fitting, new_result, output_dir, release_memory, table, timed_steps)
 
-VARIANTS = ("ckpt", "hf_offload", "ours", "ours_untiled")
+VARIANTS = ("ckpt", "hf_offload", "ours", "ours_weights_on_gpu", "ours_untiled")
 SHAPES = {"llama3_8b": LLAMA3_8B}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LEFT_OVER_BYTES = 256 << 20  # device memory still allocated before a build that is worth a warning
@@ -86,6 +87,8 @@ def enable(model, variant: str, **ours_options):
         return handle, [handle], 'apply(model, "hidden_states", chunked_loss=True)'
     if variant == "ours":
         return enable_ours(model, **ours_options)
+    if variant == "ours_weights_on_gpu":
+        return enable_ours(model, layer_offloading=False, **ours_options)
     raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
 
 
