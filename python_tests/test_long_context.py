@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torch_offload
-from conftest import DEVICES
+from conftest import DEVICES, cuda_only
 from test_models import _tiny_llama
 from test_tiled_mlp import _assert_same_training, _step
 
@@ -140,4 +140,26 @@ def test_errors_name_the_argument():
     handle = torch_offload.apply(model)
     with pytest.raises(RuntimeError, match=r"explain\(\) is for apply\(..., long_context=True\)"):
         handle.explain()
+    handle.remove()
+
+
+@cuda_only
+def test_bf16_gradients_are_within_the_noise_floor_of_checkpointing():
+    # The noise floor: how far bf16 checkpointing's gradients are from fp32 training's. bf16 training
+    # with every long_context part on (small tiles: 5 per MLP) stays within it.
+    base = _tiny_llama("cuda", 0.0)
+    ids = torch.randint(0, 256, (1, 320), device="cuda")
+
+    def flat(model):
+        _step(model, ids)
+        return torch.cat([p.grad.float().flatten() for p in model.parameters()])
+
+    reference = flat(copy.deepcopy(base))
+    checkpointing = _checkpointed(copy.deepcopy(base).to(torch.bfloat16))
+    ours = copy.deepcopy(base).to(torch.bfloat16)
+    handle = torch_offload.apply(ours, long_context={"tile_tokens": 64})
+    floor = ((flat(checkpointing) - reference).norm() / reference.norm()).item()
+    error = ((flat(ours) - reference).norm() / reference.norm()).item()
+    assert 0 < floor < 0.05 and error <= 1.5 * floor, (error, floor)
+    assert handle.stats()["saves"] > 0 and handle.long_context.tiled_mlp.tiles() == {}  # fixed tiles: none chosen
     handle.remove()
