@@ -94,3 +94,25 @@ def test_bench_fsdp2_cpu_smoke(tmp_path):
     assert result["longest"] == {"ckpt": 256, "hs_before": 256, "hs_chunked": 256}
     assert [r["variant"] for r in result["longest_timed"]] == ["ckpt", "hs_before", "hs_chunked"]
     assert (tmp_path / "fsdp2_cpux2_tiny.md").exists()
+
+
+@pytest.mark.slow
+def test_bench_context_parallel_cpu_smoke(tmp_path):
+    # Everything around torch's ring attention (a CUDA kernel): the sequence sharded and load
+    # balanced by context_parallel's buffer sharding, position_ids and shift_labels, the loss scaled
+    # so that FSDP2's average is the global mean's gradient, our offload of the local shard; on CPU
+    # attention is emulated, and the CP run must match one rank's fp32 training to rounding.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(ROOT / "benchmarks" / "bench_context_parallel.py"), "--device", "cpu", "--tiny",
+               "--check-grads", "64", "--check-variants", "ckpt,ours", "--seqs", "64", "--variants", "ckpt,ours",
+               "--warmup", "0", "--steps", "1", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [path] = tmp_path.glob("context_parallel_*.json")
+    result = json.loads(path.read_text())
+    check = result["check_grads"]
+    assert {v: r["within_noise"] for v, r in check["cp"].items()} == {"ckpt": True, "ours": True}, check
+    assert all(r["grad_rel_error_vs_fp32"] < 1e-5 for r in check["cp"].values()), check  # fp32: rounding
+    runs = {r["variant"]: r for r in result["runs"]}
+    assert runs.keys() == {"ckpt", "ours"} and all("error" not in r for r in runs.values()), runs
+    assert runs["ours"]["GB_to_host_per_step"] > 0 and runs["ours"]["local_seq"] == 32
