@@ -1,8 +1,8 @@
 """The package builds where no CUDA toolkit is installed, against a PyPI torch, and works: a wheel
 built with pip (--no-build-isolation, as a user builds it) with the toolkit hidden, installed into
 a fresh virtual environment that has torch but none of the optional packages, imported there, and
-one training step run on CPU. Its CUDA runtime then comes from NVIDIA's pip packages beside torch
-(cmake/torch_and_cuda.cmake). Also: CMake's configure prints no warnings, and
+one training step run on CPU, then the engine's and the modes' CPU tests against that library. Its
+CUDA runtime then comes from NVIDIA's pip packages beside torch (cmake/torch_and_cuda.cmake). Also: CMake's configure prints no warnings, and
 -DTORCH_OFFLOAD_CUDA=OFF builds the CPU kernels only.
 
 Hiding the toolkit: PATH without the directories that hold nvcc, no CUDA_HOME / CUDA_PATH, and
@@ -25,6 +25,10 @@ import pytest
 from test_packaging import OPTIONAL, ROOT, TRAIN_ONE_STEP
 
 pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+# The CPU tests run again against the build without a toolkit: the engine's ops, the checkpoints
+# (torch's own test suite among them), every activation mode, layer offloading, long context.
+CPU_SUITE = ("test_ops.py", "test_rough_edges.py", "test_checkpoint.py", "test_checkpoint_torch_suite.py",
+             "test_activations.py", "test_selective.py", "test_layers.py", "test_long_context.py")
 _HIDDEN = ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDACXX", "CUDAToolkit_ROOT", "PYTHONPATH",
            "TORCH_OFFLOAD_LIBRARY", "VIRTUAL_ENV")
 
@@ -126,3 +130,12 @@ def test_wheel_built_without_a_cuda_toolkit_installs_imports_and_trains(tmp_path
     result = _run([python, "-c", "import torch\n" + textwrap.dedent(check) + textwrap.dedent(TRAIN_ONE_STEP)],
                   env=env, cwd=tmp_path, timeout=600)
     assert "trained" in result.stdout
+
+    # The engine's and the modes' CPU tests, in this test venv (which has what they import), against
+    # the library and C hooks built without a toolkit.
+    library = Path(venv_site) / "torch_offload" / "libtorch_offload.so"
+    suite_env = dict(os.environ, TORCH_OFFLOAD_LIBRARY=str(library))
+    suite = [ROOT / "python_tests" / name for name in CPU_SUITE]
+    result = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *suite],
+                  env=suite_env, cwd=ROOT, timeout=1200)
+    assert " passed" in result.stdout and " failed" not in result.stdout, result.stdout[-2000:]
