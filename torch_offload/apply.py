@@ -110,7 +110,7 @@ def apply(
     Hugging Face causal LM trained with labels computes its loss over chunks of tokens without
     materialising the logits (chunk_lm_loss); handle.chunked_loss.
     long_context=True (or {"tile_tokens": N}): for sequences far longer than checkpointing fits, also
-    turns on, where they apply and unless said otherwise, the chunked loss, the tiled MLP (tile_mlp),
+    turns on, where they apply and unless said otherwise, the chunked loss, the tiled MLP and norms (tile_mlp),
     layer offloading of frozen weights, and a host budget from the available host RAM beyond which
     the boundaries spill to disk (long_context.py); handle.explain() says what and why.
 
