@@ -103,8 +103,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import (GB, LLAMA3_8B, TINY, add_run_args, log, longest_fitting, new_result,  # noqa: E402
-                               output_dir, release_memory, short_gpu_name, table, timed_steps)
+from benchmarks.common import (GB, LLAMA3_8B, TINY, add_run_args, agree, build_llama, gather, log,  # noqa: E402
+                               longest_fitting, new_result, output_dir, past_deadline, release_memory,
+                               short_gpu_name, table, timed_steps, worst_rank)
 
 VARIANTS = ("plain", "ckpt", "ckpt_chunked", "ours", "ours_no_tiles")
 ATTENTION = "torch_offload_cp_sdpa"
@@ -174,19 +175,7 @@ def register_attention() -> None:
 def build(args, shape: dict, variant: str, dtype, mesh=None, full_state=None, seed=0):
     """(model, handle): `variant` applied, fully_shard per layer and root over `mesh` (None: one rank,
     no FSDP); parameters from `full_state` (a full fp32 state dict, the same on every rank) or random."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
-                         intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
-                         num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-                         max_position_embeddings=8192, attn_implementation=ATTENTION, use_cache=False)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("meta"):
-            model = LlamaForCausalLM(config).train()
-    finally:
-        torch.set_default_dtype(previous)
+    model = build_llama(shape, "meta", 8192, dtype=dtype, attn_implementation=ATTENTION)
     handle = None
     if variant in ("ckpt", "ckpt_chunked"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -219,20 +208,13 @@ def build(args, shape: dict, variant: str, dtype, mesh=None, full_state=None, se
             else:
                 local.normal_(0.0, 0.02, generator=generator)
         with torch.device(args.device):  # the rotary buffers, rebuilt on the device
-            model.model.rotary_emb = type(model.model.rotary_emb)(config)
+            model.model.rotary_emb = type(model.model.rotary_emb)(model.config)
     return model, handle
 
 
 def full_state_dict(shape: dict, seed: int) -> dict:
     """A full fp32 state dict on CPU, the same on every rank (the check's one set of weights)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
-                         intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
-                         num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-                         attn_implementation=ATTENTION, use_cache=False)
-    with torch.device("meta"):
-        names = [(n, p.shape) for n, p in LlamaForCausalLM(config).named_parameters()]
+    names = [(n, p.shape) for n, p in build_llama(shape, "meta", 8192, attn_implementation=ATTENTION).named_parameters()]
     generator = torch.Generator().manual_seed(seed)
     return {n: (torch.ones(s) if "norm" in n else torch.empty(s).normal_(0.0, 0.02, generator=generator))
             for n, s in names}
@@ -370,18 +352,6 @@ def run(args, mesh, shape: dict, seq: int, variant: str, warmup: int, steps: int
     return row
 
 
-def agree(args, ok: bool) -> bool:
-    flag = torch.tensor([1 if ok else 0], device=args.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
-def gather(row: dict):
-    rows = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(row, rows, dst=0)
-    return rows
-
-
 def summarise(rows: list, shape: dict, elem_bytes: int) -> dict:
     first = rows[0]
     out = {"variant": first["variant"], "seq": first["seq"], "local_seq": first["local_seq"], "per_rank": rows}
@@ -389,18 +359,11 @@ def summarise(rows: list, shape: dict, elem_bytes: int) -> dict:
     if errors:
         out["error"] = " | ".join(errors)
         return out
-    for key in ("peak_allocated_GB", "peak_reserved_GB", "step_s", "GB_to_host_per_step"):
-        values = [r[key] for r in rows if key in r]
-        if values:
-            out[key] = max(values)
+    out.update(worst_rank(rows))
     out["loss"] = first["losses"][-1]
     out["tokens_per_s"] = first["seq"] / out["step_s"]
     out["boundary_GB_per_rank"] = shape["layers"] * first["local_seq"] * shape["hidden"] * elem_bytes / GB
     return out
-
-
-def past_deadline(args) -> bool:
-    return args.deadline_s > 0 and not agree(args, time.monotonic() - args.start < args.deadline_s)
 
 
 def longest(args, mesh, shape: dict, variant: str, result: dict) -> int:

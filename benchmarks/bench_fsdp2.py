@@ -39,27 +39,16 @@ from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import (GB, SHAPES, TINY, add_run_args, finish_run_args, log, longest_fitting,  # noqa: E402
-                               new_result, output_dir, release_memory, short_gpu_name, table, timed_steps)
+from benchmarks.common import (GB, SHAPES, TINY, add_run_args, agree, build_llama, finish_run_args, gather,  # noqa: E402
+                               log, longest_fitting, new_result, output_dir, past_deadline, release_memory,
+                               short_gpu_name, table, timed_steps, worst_rank)
 
 VARIANTS = ("ckpt", "hs_before", "hs_after", "hs_chunked", "all")
 
 
 def build_sharded(args, shape: dict, seq: int, variant: str):
     """A fresh model under `variant`, fully_shard per decoder layer and root; returns (model, handle)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
-                         intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
-                         num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-                         max_position_embeddings=seq, attn_implementation="sdpa", use_cache=False)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(args.dtype)
-    try:
-        with torch.device("meta"):
-            model = LlamaForCausalLM(config).train()
-    finally:
-        torch.set_default_dtype(previous)
+    model = build_llama(shape, "meta", seq, dtype=args.dtype)
     handle = None
     if variant == "ckpt":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -78,7 +67,7 @@ def build_sharded(args, shape: dict, seq: int, variant: str):
             else:
                 p.to_local().normal_(0.0, 0.02)
         with torch.device(args.device):
-            model.model.rotary_emb = type(model.model.rotary_emb)(config)
+            model.model.rotary_emb = type(model.model.rotary_emb)(model.config)
     if variant == "hs_after":
         handle = torch_offload.apply(model, "hidden_states")
     elif variant == "all":
@@ -121,19 +110,6 @@ def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> d
     return row
 
 
-def agree(args, ok: bool) -> bool:
-    """True when `ok` holds on every rank: every rank takes the same path through the search."""
-    flag = torch.tensor([1 if ok else 0], device=args.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
-def gather(row: dict):
-    rows = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(row, rows, dst=0)
-    return rows
-
-
 def summarise(rows: list, shape: dict, elem_bytes: int) -> dict:
     """One line for the table from every rank's row: the worst rank's memory and time."""
     first = rows[0]
@@ -142,10 +118,7 @@ def summarise(rows: list, shape: dict, elem_bytes: int) -> dict:
     if errors:
         out["error"] = ",".join(errors)
         return out
-    for key in ("peak_allocated_GB", "peak_reserved_GB", "step_s", "GB_to_host_per_step"):
-        values = [r[key] for r in rows if key in r]
-        if values:
-            out[key] = max(values)
+    out.update(worst_rank(rows))
     out["tokens_per_s_total"] = sum(r["seq"] for r in rows) / out["step_s"]
     out["boundary_GB"] = shape["layers"] * first["seq"] * shape["hidden"] * elem_bytes / GB
     return out
@@ -178,11 +151,6 @@ def longest(args, shape: dict, variant: str, result: dict) -> int:
         return ok
 
     return longest_fitting(fits, args.longest_start, args.longest_step, args.longest_max)
-
-
-def past_deadline(args) -> bool:
-    """Whether --deadline-s has passed on any rank (all ranks then skip the same runs)."""
-    return args.deadline_s > 0 and not agree(args, time.monotonic() - args.start < args.deadline_s)
 
 
 def markdown(result: dict) -> str:

@@ -7,6 +7,7 @@ The scripts put the repository root on sys.path and import this module as `bench
 """
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -88,6 +89,43 @@ def longest_fitting(fits, start: int, step: int, cap: int) -> int:
 # Hugging Face options of compiled variants
 
 # Options a compiled variant's name can end with, in this order: VARIANT_causal_detach.
+# ------------------------------------------------------------------------------------------------
+# torchrun scripts: every rank takes the same path
+
+
+def agree(args, ok: bool) -> bool:
+    """True when `ok` holds on every rank: every rank takes the same path through a search."""
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if ok else 0], device=args.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def gather(row: dict):
+    """Every rank's `row` on rank 0 (a list by rank); None on the other ranks."""
+    import torch.distributed as dist
+
+    rows = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(row, rows, dst=0)
+    return rows
+
+
+def past_deadline(args) -> bool:
+    """Whether --deadline-s (from args.start) has passed on any rank: all ranks then skip the same runs."""
+    return args.deadline_s > 0 and not agree(args, time.monotonic() - args.start < args.deadline_s)
+
+
+def worst_rank(rows: list, keys=("peak_allocated_GB", "peak_reserved_GB", "step_s", "GB_to_host_per_step")) -> dict:
+    """The largest value of each of `keys` over the ranks' rows (the worst rank's memory and time)."""
+    worst = {}
+    for key in keys:
+        values = [r[key] for r in rows if key in r]
+        if values:
+            worst[key] = max(values)
+    return worst
+
+
 HF_OPTIONS = ("_causal", "_detach")
 
 

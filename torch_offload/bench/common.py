@@ -36,17 +36,28 @@ def short_gpu_name(device) -> str:
     return "cpu" if device == "cpu" else gpu_name(device).split()[1].split("-")[0].lower()
 
 
-def build_llama(shape: dict, device: str, max_positions: int):
-    """A random-init LlamaForCausalLM (SDPA, no KV cache) in training mode: bf16 on CUDA (built in
-    bf16 so an 8B model never exists in fp32), fp32 on CPU."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(shape: dict, max_positions: int, attn_implementation: str = "sdpa"):
+    """The LlamaConfig of `shape` (no KV cache)."""
+    from transformers import LlamaConfig
 
-    config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
-                         intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
-                         num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-                         max_position_embeddings=max_positions, attn_implementation="sdpa", use_cache=False)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    torch.manual_seed(0)
+    return LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                       intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
+                       num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+                       max_position_embeddings=max_positions, attn_implementation=attn_implementation,
+                       use_cache=False)
+
+
+def build_llama(shape: dict, device: str, max_positions: int, dtype=None, attn_implementation: str = "sdpa"):
+    """A random-init LlamaForCausalLM (no KV cache) in training mode, built on `device` in `dtype`
+    (default bf16 on CUDA, so an 8B model never exists in fp32, fp32 elsewhere). On "meta" it has
+    no values (a model to shard, then materialise), and the random state is left alone."""
+    from transformers import LlamaForCausalLM
+
+    config = llama_config(shape, max_positions, attn_implementation)
+    if dtype is None:
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if device != "meta":
+        torch.manual_seed(0)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
