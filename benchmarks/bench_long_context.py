@@ -39,7 +39,6 @@ CPU smoke: python benchmarks/bench_long_context.py --device cpu --tiny --longest
 import argparse
 import inspect
 import json
-import os
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
+from torch_offload._engine.node_budget import host_memory_bytes  # noqa: E402
 from benchmarks.common import (GB, LLAMA3_8B, add_run_args, build_llama, finish_run_args, log,  # noqa: E402
                                longest_fitting, new_result, output_dir, release_memory, table, timed_steps)
 
@@ -267,10 +267,8 @@ def environment(args) -> dict:
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    host_ram = None
-    if os.path.exists("/proc/meminfo"):
-        with open("/proc/meminfo") as f:
-            host_ram = next((int(line.split()[1]) * 1024 / GB for line in f if line.startswith("MemTotal:")), None)
+    total = host_memory_bytes("MemTotal")
+    host_ram = total / GB if total is not None else None
     return {"argv": sys.argv, "transformers": transformers.__version__, "peft": peft.__version__,
             "git_commit": git("rev-parse", "HEAD") or None,
             "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),

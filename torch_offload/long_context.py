@@ -16,13 +16,13 @@ An option the user passed explicitly (layer_offloading=False, chunked_loss=..., 
 disk_dir, a ready manager) is used as given. handle.explain() tells the choices.
 """
 import dataclasses
-import os
 import shutil
 import tempfile
 from typing import List, Optional
 
 from torch import nn
 
+from ._engine import node_budget
 from .copies import NotPicklable
 from .layers.frozen_weights import available_host_bytes
 from .loss.lm_loss import chunk_lm_loss
@@ -116,8 +116,7 @@ class LongContextPlan(NotPicklable):
         if manager is not None:
             self.note("host budget", "the given manager's", "manager= is used as it is")
             return options
-        fields = {f.name for f in dataclasses.fields(options)} if dataclasses.is_dataclass(options) else set()
-        if "host_budget_bytes" not in fields:
+        if not hasattr(options, "host_budget_bytes"):
             return options  # no activation manager (mode=None)
         if getattr(options, "disk_only", False):
             self.note("host budget", "none: disk only", "as given (disk_only=True)")
@@ -132,9 +131,9 @@ class LongContextPlan(NotPicklable):
             if available is None:
                 self.note("host budget", "none", "the host's available memory is unknown (no /proc/meminfo)")
                 return options
-            total = _total_host_bytes() or available
+            total = node_budget.host_memory_bytes("MemTotal") or available
             budget = max(1 << 30, available - max(HOST_RESERVE_BYTES, int(HOST_RESERVE_SHARE * total)))
-            ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            ranks = node_budget.local_world_size()
             changes["node_host_budget_bytes" if ranks > 1 else "host_budget_bytes"] = budget
             why = (f"{available / 2**30:.1f} GiB of host memory available less a reserve of "
                    f"{(available - budget) / 2**30:.1f} GiB" + (f", shared by {ranks} ranks" if ranks > 1 else ""))
@@ -167,13 +166,3 @@ class LongContextPlan(NotPicklable):
             shutil.rmtree(self.spill_dir, ignore_errors=True)
             self._made_dir = False
 
-
-def _total_host_bytes() -> Optional[int]:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None

@@ -15,6 +15,18 @@ _lock = threading.Lock()
 _shares = {}  # manager id -> (node_host_budget_bytes, local_world_size), managers given one
 
 
+def host_memory_bytes(field: str) -> Optional[int]:
+    """A field of /proc/meminfo in bytes ("MemTotal", "MemAvailable"); None where there is none."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def local_world_size() -> int:
     """Ranks on this node: torchrun's LOCAL_WORLD_SIZE (1 when not launched by torchrun)."""
     value = os.environ.get("LOCAL_WORLD_SIZE", "1")

@@ -33,14 +33,7 @@ _WRAPPED = "_torch_offload_layer"  # attribute marking a block wrapped by offloa
 
 def available_host_bytes() -> Optional[int]:
     """MemAvailable from /proc/meminfo (None where there is none)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return node_budget.host_memory_bytes("MemAvailable")
 
 
 class _FrozenWeight:

@@ -99,10 +99,10 @@ def tiled_module_call(run: Callable, module: torch.nn.Module, x: torch.Tensor, t
     that layer offloading installs for a forward (and fetches again for backward), or that FSDP2
     unshards for it, are the ones the recompute uses."""
     dim = dim % x.dim()
-    slots = _parameter_slots(module)
-    tensors = list(dict.fromkeys(tensor for _, _, tensor in slots))  # a shared parameter once
     if x.shape[dim] <= tile_tokens:
         return run(x)
+    slots = _parameter_slots(module)
+    tensors = list(dict.fromkeys(tensor for _, _, tensor in slots))  # a shared parameter once
     if not torch.is_grad_enabled() or not (x.requires_grad or any(t.requires_grad for t in tensors)):
         return torch.cat([run(tile) for tile in x.split(tile_tokens, dim)], dim)
     position = {id(t): i for i, t in enumerate(tensors)}
