@@ -10,12 +10,12 @@ import functools
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
-from transformers import Trainer, TrainingArguments
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 import torch_offload
 from conftest import assert_same_grads
 from test_models import _llama_step, _tiny_llama
+from trainer_runs import make_trainer
 from torch_offload.integrations import OffloadCallback, gradient_checkpointing_enable
 from torch_offload.integrations.hf_checkpointing import CheckpointFunction, take_over
 
@@ -234,34 +234,8 @@ def test_take_over_refuses_a_function_it_does_not_know():
 
 # The Trainer route: TrainingArguments(gradient_checkpointing=True, gradient_checkpointing_kwargs=...).
 
-class _TokenDataset(torch.utils.data.Dataset):
-    def __init__(self, n=6, length=24):
-        self.ids = torch.randint(0, 256, (n, length), generator=torch.Generator().manual_seed(1))
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
-class _LossRecordingTrainer(Trainer):
-    """Keeps each step's loss exactly (the logged ones are rounded)."""
-
-    def compute_loss(self, model, inputs, *args, **kwargs):
-        loss = super().compute_loss(model, inputs, *args, **kwargs)
-        self.losses.append(loss.detach().clone())
-        return loss
-
-
 def _trainer(model, tmp_path, callbacks=(), **extra_args):
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=STEPS,
-                             per_device_train_batch_size=2, learning_rate=1e-2, seed=0, report_to=[],
-                             save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                             dataloader_num_workers=0, **extra_args)
-    trainer = _LossRecordingTrainer(model=model, args=args, train_dataset=_TokenDataset(), callbacks=list(callbacks))
-    trainer.losses = []
-    return trainer
+    return make_trainer(model, tmp_path, STEPS, callbacks, **extra_args)
 
 
 @pytest.mark.parametrize("checkpoint_kwargs, checkpointed", [

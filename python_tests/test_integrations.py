@@ -14,42 +14,13 @@ from transformers import Trainer, TrainingArguments
 import torch_offload
 from torch_offload.integrations import OffloadCallback, apply_prepared, enable, from_config
 from test_models import _freeze_layer_weights, _steps_match_plain, _tiny_llama
+from trainer_runs import TokenDataset, make_trainer
 
 STEPS = 3
 
 
-class _TokenDataset(torch.utils.data.Dataset):
-    """Random token sequences, language-modelling labels (in memory, fixed by the seed)."""
-
-    def __init__(self, n=6, length=24):
-        generator = torch.Generator().manual_seed(1)
-        self.ids = torch.randint(0, 256, (n, length), generator=generator)
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
-class _LossRecordingTrainer(Trainer):
-    """Keeps each step's loss exactly (the logged ones are rounded)."""
-
-    def compute_loss(self, model, inputs, *args, **kwargs):
-        loss = super().compute_loss(model, inputs, *args, **kwargs)
-        self.losses.append(loss.detach().clone())
-        return loss
-
-
 def _train(model, tmp_path, callbacks=(), **extra_args):
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=STEPS,
-                             per_device_train_batch_size=2, learning_rate=1e-2, seed=0,
-                             report_to=[], save_strategy="no", logging_strategy="no",
-                             disable_tqdm=True, dataloader_num_workers=0,
-                             **extra_args)
-    trainer = _LossRecordingTrainer(model=model, args=args, train_dataset=_TokenDataset(),
-                                    callbacks=list(callbacks))
-    trainer.losses = []
+    trainer = make_trainer(model, tmp_path, STEPS, callbacks, **extra_args)
     trainer.train()
     return trainer
 
@@ -123,7 +94,7 @@ def test_enable_on_a_built_trainer(tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=1,
                              per_device_train_batch_size=2, report_to=[], save_strategy="no",
                              disable_tqdm=True)
-    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset())
+    trainer = Trainer(model=model, args=args, train_dataset=TokenDataset())
     callback = enable(trainer, "all", min_bytes=0)
     assert callback in trainer.callback_handler.callbacks
     trainer.train()
@@ -186,7 +157,7 @@ def test_apply_route_says_the_trainers_checkpointing_keywords_are_not_used(tmp_p
     args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=1, per_device_train_batch_size=2,
                              report_to=[], save_strategy="no", disable_tqdm=True, gradient_checkpointing=True,
                              gradient_checkpointing_kwargs={"use_reentrant": True})
-    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset(), callbacks=[callback])
+    trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(), callbacks=[callback])
     with pytest.warns(UserWarning, match=r"is not used; OffloadCallback\('hidden_states', hf_checkpointing=True\)"):
         trainer.train()
     assert callback.stats["saves"] > 0
