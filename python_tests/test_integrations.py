@@ -50,12 +50,13 @@ MODES = [
     ("modules", {"targets": ["*.self_attn", "*.mlp"], "min_bytes": 0}, False),
     ("hidden_states", {"layer_offloading": True}, True),
     (None, {"layer_offloading": True}, True),
+    ("hidden_states", {"long_context": True}, True),
 ]
 
 
 @pytest.mark.parametrize("mode, options, frozen", MODES,
                          ids=["hidden_states", "all", "sync", "disk", "modules",
-                              "hidden_states+layers", "layers"])
+                              "hidden_states+layers", "layers", "long_context"])
 def test_trainer_losses_equal_plain_run(tmp_path, mode, options, frozen):
     if mode == "disk":
         options = dict(options, disk_dir=str(tmp_path / "spill"))

@@ -132,6 +132,8 @@ def test_errors_name_the_argument():
         torch_offload.apply(model, long_context={"tile": 4})
     with pytest.raises(ValueError, match=r"long_context='yes'; expected True, False or a dict"):
         torch_offload.apply(model, long_context="yes")
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'long_contxt' \(did you mean long_context=\?\)"):
+        torch_offload.apply(model, long_contxt=True)
     with pytest.raises(ValueError, match="tile_tokens=0"):
         torch_offload.apply(model, long_context={"tile_tokens": 0})
     # Nothing was left behind by the refused calls.

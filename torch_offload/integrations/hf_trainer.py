@@ -15,9 +15,8 @@ from transformers import TrainerCallback
 from ..apply import OffloadHandle, apply, read_options
 from .config import from_config
 from .hf_checkpointing import OFFLOAD_REFUSED, check_options, take_over
+from ..modes.options import APPLY_KEYWORDS
 
-# apply()'s keywords that are not the mode's options.
-_APPLY_KEYWORDS = ("blocks", "manager", "layer_offloading", "chunked_loss")
 # Options that mean something on the other route.
 _HF_ROUTE_HINTS = {
     "every_n_layers": "with hf_checkpointing=True it comes from TrainingArguments(gradient_checkpointing_kwargs="
@@ -51,7 +50,7 @@ class OffloadCallback(TrainerCallback):
             options_only = {k: v for k, v in options.items() if k != "manager"}
             check_options(mode, options_only, call, options.get("manager"), _HF_ROUTE_HINTS)
         else:  # what apply() checks before it looks at the model
-            read_options(mode, {k: v for k, v in options.items() if k not in _APPLY_KEYWORDS}, options.get("manager"),
+            read_options(mode, {k: v for k, v in options.items() if k not in APPLY_KEYWORDS}, options.get("manager"),
                          call)
         self.mode = mode
         self.hf_checkpointing = hf_checkpointing

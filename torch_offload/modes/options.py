@@ -16,8 +16,9 @@ HINTS = {
     "layers": "the blocks to wrap are blocks=[...]; frozen-weight offloading is layer_offloading=True",
     "layer_offload": "did you mean layer_offloading=True?",
 }
-# apply()'s own keywords, for the "did you mean" of a misspelt one.
-APPLY_KEYWORDS = ("mode", "blocks", "manager", "layer_offloading", "chunked_loss")
+# apply()'s own keywords: the "did you mean" of a misspelt one, and what OffloadCallback passes to
+# apply() besides the mode's options.
+APPLY_KEYWORDS = ("mode", "blocks", "manager", "layer_offloading", "chunked_loss", "long_context")
 
 
 class OptionError(ValueError):
