@@ -74,18 +74,19 @@ CUDA) and masks by global position. This checks everything around the ring atten
 the mask path, shift_labels, loss scaling, FSDP2 averaging, offload of the local shard):
   torchrun --nproc_per_node=2 benchmarks/bench_context_parallel.py --device cpu --tiny \
       --check-grads 64 --longest --seqs 64,128 --out DIR
-Measured on 2 x H100 (docs/performance.md, long context): torch's ring attention under
+Measured (docs/performance.md, long context): on 2 x H100, torch's ring attention under
 context_parallel with the flash kernel and enable_gqa, FSDP2 over the same ranks, the gradient check
 (CP within the bf16 noise floor of one rank) and one step of ours at 524288 tokens on 8 of the 32
 layers:
   torchrun --nproc_per_node=2 benchmarks/bench_context_parallel.py --layers 8 --check-grads 8192 \
       --check-layers 2 --check-variants ckpt,ours --seqs 524288 --variants ours --warmup 0 --steps 1 \
       --timeout-s 200 --out DIR
-Not measured yet: the 32-layer step at 524288 (about 9 minutes on 2 GPUs by the 8-layer step's
-time; a run of its own, or 4 GPUs), and the longest length ckpt fits under CP:
+On 4 x H100, all 32 layers: one step of ours at 524288 tokens, and the longest length ckpt fits:
   torchrun --nproc_per_node=4 benchmarks/bench_context_parallel.py --seqs 524288 --variants ours \
-      --warmup 0 --steps 1 --longest --longest-variants ckpt --longest-start 65536 \
-      --longest-step 32768 --longest-budget-s 150 --out DIR
+      --warmup 0 --steps 1 --timeout-s 360 --out DIR
+  torchrun --nproc_per_node=4 benchmarks/bench_context_parallel.py --longest --longest-variants ckpt \
+      --longest-start 65536 --longest-step 32768 --longest-max 524288 --longest-budget-s 162 \
+      --seqs "" --timeout-s 120 --out DIR
 """
 import argparse
 import contextlib
