@@ -48,7 +48,9 @@ std::shared_ptr<Manager> Manager::create(const ManagerConfig& config,
 
 Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> transfer,
                  std::unique_ptr<HostAllocator> allocator)
-    : config_(config), transfer_for_all_devices_(transfer != nullptr) {
+    : config_(config),
+      prefetch_depth_(config.prefetch_depth),
+      transfer_for_all_devices_(transfer != nullptr) {
   TORCH_CHECK(config.max_in_flight >= 0, "max_in_flight must be >= 0, got ", config.max_in_flight);
   TORCH_CHECK(config.prefetch_depth >= 0, "prefetch_depth must be >= 0, got ",
               config.prefetch_depth);
@@ -357,6 +359,11 @@ void Manager::issue_batch_locked() {
 
 // The window of saves kept on the device (device_window.h). A kept entry has its source in
 // kept_source and no copy started; evict_locked starts the copy, after which it is like any other.
+void Manager::set_prefetch_depth(int64_t depth) {
+  TORCH_CHECK(depth >= 0, "prefetch_depth must be >= 0, got ", depth);
+  prefetch_depth_.store(depth, std::memory_order_relaxed);
+}
+
 void Manager::set_keep_on_device_bytes(int64_t bytes) {
   DeviceWindow::check_limit(bytes, config_);
   finished_sources_.drop();
@@ -580,7 +587,7 @@ void Manager::prefetch_before_locked(const Entry& restored, c10::Device device,
                                      DeviceTransfer* transfer) {
   // Backward restores in reverse save order: the entries saved just before this one come next.
   if (transfer == nullptr && !disk_) return;  // nothing to copy ahead, nothing to read ahead
-  const int64_t copies = config_.prefetch_depth;
+  const int64_t copies = prefetch_depth();
   // Only disk-tier entries are read ahead; without a disk tier the walk ends with the copies (it
   // would otherwise pass every earlier entry on each restore).
   const int64_t reads = copies > 0 && disk_ ? std::max(copies, config_.disk_read_ahead) : 0;

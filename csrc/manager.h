@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <atomic>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -107,6 +108,10 @@ class Manager : public std::enable_shared_from_this<Manager> {
 
   int64_t id() const { return id_; }
   const ManagerConfig& config() const { return config_; }
+  // Earlier saves copied back when one is restored (ManagerConfig::prefetch_depth), now and from
+  // here on: the selective mode raises it once a block's first forward shows how many it saves.
+  int64_t prefetch_depth() const { return prefetch_depth_.load(std::memory_order_relaxed); }
+  void set_prefetch_depth(int64_t depth);
   // The window of saves kept on the device (ManagerConfig::keep_on_device_bytes), now and from
   // here on: a smaller one copies its oldest entries out at once (device_window.h).
   int64_t keep_on_device_bytes() const { return window_.limit(); }
@@ -232,6 +237,7 @@ class Manager : public std::enable_shared_from_this<Manager> {
   void release_in_stream_order(const HeldSource& held);
 
   const ManagerConfig config_;
+  std::atomic<int64_t> prefetch_depth_;
   int64_t id_ = 0;
   const bool transfer_for_all_devices_;
   std::shared_ptr<DeviceTransfer> transfer_;

@@ -25,7 +25,6 @@ def test_the_lm_head_is_hooked_while_applied_and_a_copy_hooks_its_own_manager(mo
     handle = torch_offload.apply(model, mode, **_OPTIONS[mode])
     (hook,) = _prefetch_hooks(model.lm_head)
     assert hook.manager is handle.manager
-    assert hook.count == handle.manager.prefetch_depth()  # one block's saves
     twin, twin_handle = copy.deepcopy((model, handle))
     (twin_hook,) = _prefetch_hooks(twin.lm_head)
     assert twin_hook.manager is twin_handle.manager and twin_hook.manager is not handle.manager

@@ -1,4 +1,6 @@
 """The two ops and the OffloadManager class, called directly."""
+import copy
+
 import pytest
 import torch
 from torch.library import opcheck
@@ -148,6 +150,11 @@ def test_manager_config_and_pickle_round_trip(tmp_path):
     loaded = torch.jit.load(str(path))
     assert loaded.manager.max_in_flight() == 3 and loaded.manager.host_budget_bytes() == 1 << 30
     assert loaded.manager.id() != manager.id()
+    # The prefetch depth can change; a copy takes the depth it has then.
+    manager.set_prefetch_depth(5)
+    assert manager.prefetch_depth() == 5 and copy.deepcopy(manager).prefetch_depth() == 5
+    with pytest.raises(RuntimeError, match="prefetch_depth must be >= 0, got -1"):
+        manager.set_prefetch_depth(-1)
     x = torch.randn(5)
     assert torch.equal(loaded(x), x)
     assert loaded.manager.stats()["bytes_to_host"] == 20

@@ -11,7 +11,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import torch_offload
-from conftest import DEVICES, assert_same_grads
+from conftest import DEVICES, assert_same_grads, cuda_only
 from test_models import _steps_match_plain, _tiny_llama
 from torch_offload import policies
 
@@ -358,3 +358,119 @@ def test_projection_group_errors_name_the_case():
                                            policy="attention_qkv")
     with pytest.raises(ValueError, match="'attention_qkv' .projection groups. needs the blocks' modules"):
         torch_offload.selective_offload_contexts("attention_qkv")
+
+
+class SelfAndCrossAttentionBlock(nn.Module):
+    """Two attention calls per block, as a video DiT's self- and cross-attention: five saves under
+    "attention" (the input, and each call's output and logsumexp)."""
+
+    def __init__(self, width=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.q, self.kv = nn.Linear(width, 3 * width), nn.Linear(width, width), nn.Linear(width, 2 * width)
+        self.out1, self.out2 = nn.Linear(width, width), nn.Linear(width, width)
+
+    def _heads(self, t):
+        b, s, w = t.shape
+        return t.view(b, s, self.heads, w // self.heads).transpose(1, 2)
+
+    def _merge(self, t):
+        return t.transpose(1, 2).flatten(2)
+
+    def forward(self, x, context):
+        q, k, v = (self._heads(t) for t in self.qkv(x).chunk(3, dim=-1))
+        x = x + self.out1(self._merge(F.scaled_dot_product_attention(q, k, v)))
+        k, v = (self._heads(t) for t in self.kv(context).chunk(2, dim=-1))
+        return x + self.out2(self._merge(F.scaled_dot_product_attention(self._heads(self.q(x)), k, v)))
+
+
+class SelfAndCrossAttentionStack(nn.Module):
+    def __init__(self, n=3):
+        super().__init__()
+        self.blocks = nn.ModuleList(SelfAndCrossAttentionBlock() for _ in range(n))
+
+    def forward(self, x, context):
+        for block in self.blocks:
+            x = block(x, context)
+        return x
+
+
+def _cross_attention_step(model, device="cpu"):
+    torch.manual_seed(7)
+    x, context = torch.randn(2, 16, 32, device=device), torch.randn(2, 8, 32, device=device)
+    model(x, context).square().mean().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_default_prefetch_depth_rises_to_the_saves_of_a_block_with_two_attention_calls():
+    # The policy says three saves per block; the first training forward counts five, so that restoring
+    # a block's input prefetches all of the previous block's saves. A deep copy counts for its own manager.
+    torch.manual_seed(0)
+    model = SelfAndCrossAttentionStack()
+    plain = copy.deepcopy(model)
+    handle = torch_offload.apply(model, "selective", list(model.blocks), min_bytes=0)
+    twin, twin_handle = copy.deepcopy((model, handle))
+    assert handle.manager.prefetch_depth() == 3
+    model.eval()
+    _cross_attention_step(model)  # not training: nothing saved, nothing counted
+    model.zero_grad()
+    model.train()
+    assert handle.manager.prefetch_depth() == 3
+    grads = _cross_attention_step(model)
+    assert handle.stats()["saves"] == 3 * 5
+    assert handle.manager.prefetch_depth() == 5
+    assert twin_handle.manager.prefetch_depth() == 3
+    _cross_attention_step(twin)
+    assert twin_handle.manager.prefetch_depth() == 5
+    for ours, theirs in zip(grads, _cross_attention_step(plain)):
+        assert torch.equal(ours, theirs)
+    handle.remove()
+    twin_handle.remove()
+
+
+def test_a_prefetch_depth_given_or_a_users_manager_is_left_as_it_is():
+    model = SelfAndCrossAttentionStack()
+    given = copy.deepcopy(model)
+    handle = torch_offload.apply(given, "selective", list(given.blocks), prefetch_depth=2, min_bytes=0)
+    _cross_attention_step(given)
+    assert handle.stats()["saves"] == 3 * 5 and handle.manager.prefetch_depth() == 2
+    handle.remove()
+    owned = copy.deepcopy(model)
+    manager = torch_offload.OffloadManager()  # its own depth: 1
+    handle = torch_offload.apply(owned, "selective", list(owned.blocks), manager)
+    _cross_attention_step(owned)
+    assert manager.prefetch_depth() == 1
+    handle.remove()
+
+
+def test_transformers_route_counts_the_saves_of_each_layer():
+    # gradient_checkpointing_enable(model, "selective"): each layer's first forward counts its saves
+    # too (a Llama layer makes three: the depth the policy gives, restored here after lowering it).
+    model = _tiny_llama("cpu", dropout=0.0)
+    handle = torch_offload.integrations.gradient_checkpointing_enable(model, "selective", min_bytes=0)
+    assert handle.manager.prefetch_depth() == 3
+    handle.manager.set_prefetch_depth(1)
+    model.train()
+    ids = torch.randint(0, model.config.vocab_size, (2, 32))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert handle.manager.prefetch_depth() == 3
+    handle.remove()
+
+
+@cuda_only
+def test_every_restore_but_the_last_blocks_is_prefetched_with_two_attention_calls():
+    # Without the raised depth, each block's first restore prefetched three of the previous block's
+    # five saves and backward waited for the other two's copies.
+    torch.manual_seed(0)
+    model = SelfAndCrossAttentionStack().cuda()
+    handle = torch_offload.apply(model, "selective", list(model.blocks), min_bytes=0)
+    for _ in range(2):
+        handle.manager.reset_stats()
+        model.zero_grad()
+        _cross_attention_step(model, "cuda")
+    handle.manager.synchronize()
+    stats = handle.stats()
+    assert stats["restores"] == 3 * 5
+    # The last block's saves are backward's first restores: with no LM head, nothing precedes them.
+    assert stats["restores"] - stats["prefetch_hits"] == 5
+    handle.remove()

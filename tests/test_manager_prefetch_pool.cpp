@@ -175,6 +175,26 @@ TEST_F(ManagerTest, PrefetchDepthTwoPrefetchesTwoAhead) {
   EXPECT_EQ(transfer_->count(Kind::kToDevice), 5) << "every tensor was copied back exactly once";
 }
 
+TEST_F(ManagerTest, SetPrefetchDepthAppliesToLaterRestores) {
+  make(make_config(8, 1, 0));
+  std::vector<at::Tensor> xs, hs;
+  for (int i = 0; i < 4; ++i) {
+    xs.push_back(make_tensor({40 + i}, at::kFloat, i));
+    hs.push_back(save(xs.back()));
+  }
+  manager_->set_prefetch_depth(3);
+  EXPECT_EQ(manager_->prefetch_depth(), 3);
+  EXPECT_EQ(manager_->config().prefetch_depth, 1) << "the configuration it was made with stays";
+  EXPECT_TRUE(at::equal(restore(hs[3]), xs[3]));
+  EXPECT_EQ(stats().prefetches, 3) << "one restore copies the three earlier saves back";
+  for (int i = 2; i >= 0; --i) EXPECT_TRUE(at::equal(restore(hs[i]), xs[i])) << i;
+  EXPECT_EQ(stats().prefetch_hits, 3);
+  EXPECT_EQ(transfer_->count(Kind::kToDevice), 4) << "every tensor was copied back exactly once";
+
+  EXPECT_THROW(manager_->set_prefetch_depth(-1), c10::Error);
+  EXPECT_EQ(manager_->prefetch_depth(), 3);
+}
+
 TEST_F(ManagerTest, ExplicitPrefetchServesEveryLaterRestoreItPrecedes) {
   // Layer offloading restores the same weights every step and prefetches them itself, in forward
   // order and in backward order: a prefetch must serve the next restore even after earlier ones.

@@ -49,6 +49,7 @@ TORCH_LIBRARY(offload, m) {
       .def("save_filter_reset_record", &OffloadManager::save_filter_reset_record)
       .def("max_in_flight", &OffloadManager::max_in_flight)
       .def("prefetch_depth", &OffloadManager::prefetch_depth)
+      .def("set_prefetch_depth", &OffloadManager::set_prefetch_depth)
       .def("host_budget_bytes", &OffloadManager::host_budget_bytes)
       .def("synchronous", &OffloadManager::synchronous)
       .def("disk_dir", &OffloadManager::disk_dir)

@@ -66,7 +66,8 @@ class OffloadManager : public torch::CustomClassHolder {
   c10::Dict<std::string, int64_t> save_filter_report(int64_t id) const;
   void save_filter_reset_record(int64_t id) { manager_->save_filters().get(id)->reset_record(); }
   int64_t max_in_flight() const { return manager_->config().max_in_flight; }
-  int64_t prefetch_depth() const { return manager_->config().prefetch_depth; }
+  int64_t prefetch_depth() const { return manager_->prefetch_depth(); }
+  void set_prefetch_depth(int64_t depth) { manager_->set_prefetch_depth(depth); }
   int64_t host_budget_bytes() const { return manager_->config().host_budget_bytes; }
   bool synchronous() const { return manager_->config().synchronous; }
   std::string disk_dir() const { return manager_->config().disk_dir; }

@@ -34,7 +34,8 @@ def OffloadManager(
     """Creates a torch.classes.offload.OffloadManager.
 
     max_in_flight: device-to-host copies allowed in flight before saving blocks (0 = unbounded).
-    prefetch_depth: earlier-saved tensors copied back ahead of need when one is restored.
+    prefetch_depth: earlier-saved tensors copied back ahead of need when one is restored (the
+        manager's set_prefetch_depth(n) changes it).
     host_budget_bytes: most host memory the manager's buffer pool may hold (0 = unlimited).
     synchronous: every copy completes before offload_save returns; no prefetch ("sync" mode).
     disk_dir: directory of the disk tier. With disk_only every tensor is written there ("disk"

@@ -13,34 +13,36 @@ from torch import nn
 
 
 class _StartCopies:
-    """Tensor hook on the LM head's output: its gradient is ready, the LM head's backward is next."""
+    """Tensor hook on the LM head's output: its gradient is ready, the LM head's backward is next.
+    Copies as many saves as the manager's prefetch depth is now (selective raises it after the first
+    forward, modes/selective.py)."""
 
-    def __init__(self, manager, device: torch.device, count: int):
-        self.manager, self.device, self.count = manager, device, count
+    def __init__(self, manager, device: torch.device):
+        self.manager, self.device = manager, device
 
     def __call__(self, grad: torch.Tensor) -> None:
-        self.manager.prefetch_newest(self.device, self.count)  # returns None: the gradient is unchanged
+        count = max(1, self.manager.prefetch_depth())
+        self.manager.prefetch_newest(self.device, count)  # returns None: the gradient is unchanged
 
 
 class PrefetchFirstRestores:
     """Forward hook of the output embedding: hooks each output that backward will reach. Data, not a
     closure, so that a deep copy of the model hooks the copy's manager (copies.py)."""
 
-    def __init__(self, manager, count: int):
-        self.manager, self.count = manager, count
+    def __init__(self, manager):
+        self.manager = manager
 
     def __call__(self, module: nn.Module, args, output) -> None:
         if isinstance(output, torch.Tensor) and output.requires_grad and output.device.type != "cpu":
-            output.register_hook(_StartCopies(self.manager, output.device, self.count))
+            output.register_hook(_StartCopies(self.manager, output.device))
 
 
 def prefetch_first_restores(handle) -> None:
     """Installs the hook for `handle`'s model and manager (apply(): modes hidden_states, selective
     and modules); handle.remove() removes it. Prefetches as many saves as the manager's prefetch
-    depth (the saves of one block, or of one selected module call)."""
+    depth at that backward (the saves of one block, or of one selected module call)."""
     get_head = getattr(handle.model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     if not isinstance(head, nn.Module):
         return
-    count = max(1, handle.manager.prefetch_depth())
-    handle.on_remove(head.register_forward_hook(PrefetchFirstRestores(handle.manager, count)))
+    handle.on_remove(head.register_forward_hook(PrefetchFirstRestores(handle.manager)))

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 from typing import Optional
 
+import torch
 from torch import nn
 
 from .._engine.manager import default_manager
@@ -88,7 +89,8 @@ class SelectiveOptions(HiddenStatesOptions):
         function.
     block_policies: one policy per block, in the blocks' order, instead of `policy`.
     min_bytes: smaller outputs stay on the device (default 64 KiB).
-    prefetch_depth: saves copied back ahead of need in backward (default: one block's saves).
+    prefetch_depth: saves copied back ahead of need in backward (default: one block's saves, from the
+        policy, raised to what each block saves in its first training forward).
     """
 
     prefetch_depth: Optional[int] = None
@@ -132,18 +134,55 @@ def _check_policy(policy, use_reentrant: bool) -> None:
                           f"got policy={policy!r}")
 
 
+# The managers whose prefetch depth this mode chose (their ids): only those are raised by
+# FirstForwardDepth; a manager the user built, or prefetch_depth= given, keeps its depth.
+_chosen_depth = set()
+
+
+def fits_prefetch_depth(manager, options: "SelectiveOptions") -> bool:
+    return options.prefetch_depth is None and manager is not None and manager.id() in _chosen_depth
+
+
+class FirstForwardDepth:
+    """Raises the manager's prefetch depth to the saves one block made in its first training forward,
+    where they are more than the depth chosen from the policy: restoring a block's first save in
+    backward then prefetches all of the previous block's. The policy alone cannot tell how many
+    attention calls a block makes: a video DiT block's self- and cross-attention save five tensors
+    under "attention", not three. One per block; data, so that a deep copy counts for its own
+    manager (copies.py)."""
+
+    def __init__(self, manager):
+        self.manager, self.pending = manager, True
+
+    def __call__(self, checkpoint_function, *args, **kwargs):
+        if not self.pending or torch.compiler.is_compiling():
+            return checkpoint_function(*args, **kwargs)
+        before = self.manager.stats()["saves"]
+        output = checkpoint_function(*args, **kwargs)
+        saves = int(self.manager.stats()["saves"] - before)
+        self.pending = False
+        if saves > self.manager.prefetch_depth():
+            self.manager.set_prefetch_depth(saves)
+        return output
+
+
 class SelectiveForward(BlockForward):
     """A block's forward under selective_checkpoint while training with grad enabled."""
 
-    def __init__(self, block: nn.Module, manager, policy, min_bytes: int, use_reentrant: bool = False):
+    def __init__(self, block: nn.Module, manager, policy, min_bytes: int, use_reentrant: bool = False,
+                 fit_prefetch_depth: bool = False):
         super().__init__(block)
         self.manager, self.policy, self.min_bytes, self.use_reentrant = manager, policy, min_bytes, use_reentrant
+        self.first_forward = FirstForwardDepth(manager) if fit_prefetch_depth else None
 
     def __call__(self, *args, **kwargs):
         if self.training_with_grad():
-            return selective_checkpoint(self.run, *args, policy=self.policy, manager=self.manager,
-                                        min_bytes=self.min_bytes, block=self.block,
-                                        use_reentrant=self.use_reentrant, **kwargs)
+            checkpoint_function = selective_checkpoint
+            if self.first_forward is not None and self.first_forward.pending:
+                checkpoint_function = functools.partial(self.first_forward, selective_checkpoint)
+            return checkpoint_function(self.run, *args, policy=self.policy, manager=self.manager,
+                                       min_bytes=self.min_bytes, block=self.block,
+                                       use_reentrant=self.use_reentrant, **kwargs)
         return self.run(*args, **kwargs)
 
 
@@ -158,11 +197,19 @@ class Selective(CheckpointMode):
         kwargs = options.manager_kwargs()
         if options.prefetch_depth is None:
             # Backward prefetches the next block's saves, so that it never waits on their copies (this
-            # also fails now for a block without its policy's projections).
+            # also fails now for a block without its policy's projections). The saves counted in
+            # each block's first forward raise it where the block makes more (FirstForwardDepth).
             kwargs["prefetch_depth"] = max(saves_per_block(policy, block) if is_fast_policy(policy) else SAVES_PER_BLOCK
                                            for block, policy in zip(blocks, options.policies_for(blocks)))
         return kwargs
 
+    def build_manager(self, options: SelectiveOptions, blocks):
+        manager = super().build_manager(options, blocks)
+        if options.prefetch_depth is None:
+            _chosen_depth.add(manager.id())
+        return manager
+
     def wrappers(self, blocks, manager, options: SelectiveOptions):
-        return [SelectiveForward(block, manager, policy, options.min_bytes, options.use_reentrant)
+        fit = fits_prefetch_depth(manager, options)
+        return [SelectiveForward(block, manager, policy, options.min_bytes, options.use_reentrant, fit)
                 for block, policy in zip(blocks, options.policies_for(blocks))]
