@@ -65,7 +65,8 @@ Modes (run in this order, results written after every run):
   --seqs             timed runs (--warmup, --steps) of --variants at each total length.
 --deadline-s: no run starts after it (all ranks agree); what was skipped is recorded.
 
-Rank 0 writes <out>/context_parallel_<gpu>x<N>.json and .md.
+Rank 0 writes <out>/context_parallel_<gpu>x<N>.json and .md, and a .png of the timed runs (peak memory of
+the fuller rank and tokens/s against the total length, one line per variant; needs matplotlib).
 
 CPU smoke (no GPU): there is no ring attention on CPU (its kernels are CUDA ones), so --device cpu
 emulates context parallelism: the same context_parallel buffer sharding and load balancing, the
@@ -499,6 +500,19 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot_runs(result: dict, path: Path) -> None:
+    """Peak memory (the fuller rank's) and tokens/s against the total length, one line per variant."""
+    from torch_offload.bench.plot import plot
+
+    c = result["config"]
+    figure = dict(result, model=f"{c['layers']}-layer, {result['world_size']} ranks (FSDP2 + context parallel)",
+                  steps=None)
+    try:
+        plot(figure, path)
+    except RuntimeError as error:  # matplotlib missing: the JSON can be plotted elsewhere
+        log(error)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, seqs="", steps=1, warmup=0)
@@ -584,6 +598,8 @@ def main():
     save()
     if rank == 0:
         log(markdown(result))
+        if result["runs"]:
+            plot_runs(result, out / f"{stem}.png")
     dist.destroy_process_group()
 
 

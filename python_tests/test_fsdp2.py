@@ -116,3 +116,4 @@ def test_bench_context_parallel_cpu_smoke(tmp_path):
     runs = {r["variant"]: r for r in result["runs"]}
     assert runs.keys() == {"ckpt", "ours"} and all("error" not in r for r in runs.values()), runs
     assert runs["ours"]["GB_to_host_per_step"] > 0 and runs["ours"]["local_seq"] == 32
+    assert path.with_suffix(".png").stat().st_size > 0

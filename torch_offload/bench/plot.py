@@ -12,7 +12,7 @@ import math
 import sys
 from pathlib import Path
 
-BASELINES = ("none", "checkpointing", "hf_offload")  # drawn dashed: the lines ours are read against
+BASELINES = ("none", "plain", "checkpointing", "ckpt", "hf_offload")  # drawn dashed: what ours is read against
 
 
 def pyplot():
