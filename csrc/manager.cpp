@@ -357,13 +357,13 @@ void Manager::issue_batch_locked() {
   counters_.copy_batches++;
 }
 
-// The window of saves kept on the device (device_window.h). A kept entry has its source in
-// kept_source and no copy started; evict_locked starts the copy, after which it is like any other.
 void Manager::set_prefetch_depth(int64_t depth) {
   TORCH_CHECK(depth >= 0, "prefetch_depth must be >= 0, got ", depth);
   prefetch_depth_.store(depth, std::memory_order_relaxed);
 }
 
+// The window of saves kept on the device (device_window.h). A kept entry has its source in
+// kept_source and no copy started; evict_locked starts the copy, after which it is like any other.
 void Manager::set_keep_on_device_bytes(int64_t bytes) {
   DeviceWindow::check_limit(bytes, config_);
   finished_sources_.drop();

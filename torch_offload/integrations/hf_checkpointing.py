@@ -24,7 +24,7 @@ from ..handle import OffloadHandle
 from ..modes.first_restores import prefetch_first_restores
 from ..modes.hidden_states import HiddenStates
 from ..modes.options import OptionError, parse
-from ..modes.selective import FirstForwardDepth, Selective, fits_prefetch_depth, selective_checkpoint
+from ..modes.selective import Selective, block_checkpoint, fits_prefetch_depth
 from .unwrapping import unwrap
 
 CALL = "torch_offload.integrations.gradient_checkpointing_enable"
@@ -99,12 +99,10 @@ class CheckpointFunction(NotPicklable):
 
     _pickled_what = "torch_offload's gradient checkpointing function"
 
-    def __init__(self, checkpoint_function, keywords: dict, first_forward: FirstForwardDepth = None):
-        self.checkpoint_function, self.keywords, self.first_forward = checkpoint_function, keywords, first_forward
+    def __init__(self, checkpoint_function, keywords: dict):
+        self.checkpoint_function, self.keywords = checkpoint_function, keywords
 
     def __call__(self, function, *args, **kwargs):
-        if self.first_forward is not None and self.first_forward.pending:
-            return self.first_forward(self.checkpoint_function, function, *args, **{**self.keywords, **kwargs})
         return self.checkpoint_function(function, *args, **{**self.keywords, **kwargs})
 
     def __deepcopy__(self, memo):
@@ -352,13 +350,9 @@ def _functions(spec, opts, layers, manager, keywords) -> dict:
         return {None: CheckpointFunction(checkpoint, dict(keywords, manager=manager))}
     base = dict(keywords, manager=manager, min_bytes=opts.min_bytes)
     fit = fits_prefetch_depth(manager, opts)
-
-    def function(keywords):
-        return CheckpointFunction(selective_checkpoint, keywords, FirstForwardDepth(manager) if fit else None)
-
-    functions = {id(layer): function(dict(base, policy=policy, block=layer))
+    functions = {id(layer): CheckpointFunction(block_checkpoint(manager, fit), dict(base, policy=policy, block=layer))
                  for layer, policy in zip(layers, opts.policies_for(layers))}
-    functions[None] = function(dict(base, policy=opts.policy_name))
+    functions[None] = CheckpointFunction(block_checkpoint(manager, fit), dict(base, policy=opts.policy_name))
     return functions
 
 

@@ -144,26 +144,34 @@ def fits_prefetch_depth(manager, options: "SelectiveOptions") -> bool:
 
 
 class FirstForwardDepth:
-    """Raises the manager's prefetch depth to the saves one block made in its first training forward,
-    where they are more than the depth chosen from the policy: restoring a block's first save in
-    backward then prefetches all of the previous block's. The policy alone cannot tell how many
-    attention calls a block makes: a video DiT block's self- and cross-attention save five tensors
-    under "attention", not three. One per block; data, so that a deep copy counts for its own
-    manager (copies.py)."""
+    """selective_checkpoint for one block, that raises the manager's prefetch depth to the saves the
+    block made in its first training forward, where they are more than the depth chosen from the
+    policy: restoring a block's first save in backward then prefetches all of the previous block's.
+    The policy alone cannot tell how many attention calls a block makes: a video DiT block's self-
+    and cross-attention save five tensors under "attention", not three. Data, not a closure, so that
+    a deep copy counts for its own manager (copies.py)."""
+
+    __name__ = selective_checkpoint.__name__  # CheckpointFunction's repr names it
 
     def __init__(self, manager):
         self.manager, self.pending = manager, True
 
-    def __call__(self, checkpoint_function, *args, **kwargs):
+    def __call__(self, *args, **kwargs):
         if not self.pending or torch.compiler.is_compiling():
-            return checkpoint_function(*args, **kwargs)
+            return selective_checkpoint(*args, **kwargs)
         before = self.manager.stats()["saves"]
-        output = checkpoint_function(*args, **kwargs)
+        output = selective_checkpoint(*args, **kwargs)
         saves = int(self.manager.stats()["saves"] - before)
         self.pending = False
         if saves > self.manager.prefetch_depth():
             self.manager.set_prefetch_depth(saves)
         return output
+
+
+def block_checkpoint(manager, fit_prefetch_depth: bool):
+    """The checkpoint function of one block: selective_checkpoint, counting the block's saves in its
+    first training forward where the mode chose the manager's depth (fits_prefetch_depth)."""
+    return FirstForwardDepth(manager) if fit_prefetch_depth else selective_checkpoint
 
 
 class SelectiveForward(BlockForward):
@@ -173,16 +181,13 @@ class SelectiveForward(BlockForward):
                  fit_prefetch_depth: bool = False):
         super().__init__(block)
         self.manager, self.policy, self.min_bytes, self.use_reentrant = manager, policy, min_bytes, use_reentrant
-        self.first_forward = FirstForwardDepth(manager) if fit_prefetch_depth else None
+        self.checkpoint = block_checkpoint(manager, fit_prefetch_depth)
 
     def __call__(self, *args, **kwargs):
         if self.training_with_grad():
-            checkpoint_function = selective_checkpoint
-            if self.first_forward is not None and self.first_forward.pending:
-                checkpoint_function = functools.partial(self.first_forward, selective_checkpoint)
-            return checkpoint_function(self.run, *args, policy=self.policy, manager=self.manager,
-                                       min_bytes=self.min_bytes, block=self.block,
-                                       use_reentrant=self.use_reentrant, **kwargs)
+            return self.checkpoint(self.run, *args, policy=self.policy, manager=self.manager,
+                                   min_bytes=self.min_bytes, block=self.block,
+                                   use_reentrant=self.use_reentrant, **kwargs)
         return self.run(*args, **kwargs)
 
 
