@@ -91,10 +91,8 @@ On 4 x H100, all 32 layers: one step of ours at 524288 tokens, and the longest l
 """
 import argparse
 import contextlib
-import datetime
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -105,9 +103,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import (GB, LLAMA3_8B, TINY, add_run_args, agree, build_llama, gather, log,  # noqa: E402
-                               longest_fitting, new_result, output_dir, past_deadline, release_memory,
-                               short_gpu_name, table, timed_steps, worst_rank)
+from benchmarks.common import (GB, LLAMA3_8B, TINY, add_run_args, agree, build_llama, exit_without_finalising,  # noqa: E402
+                               gather, init_ranks, log, longest_fitting, new_result, output_dir, past_deadline,
+                               release_memory, short_gpu_name, table, timed_steps, worst_rank)
 
 VARIANTS = ("plain", "ckpt", "ckpt_chunked", "ours", "ours_no_tiles")
 ATTENTION = "torch_offload_cp_sdpa"
@@ -551,14 +549,9 @@ def main():
     elem_bytes = torch.tensor([], dtype=args.dtype).element_size()
     _Emulation.repeat_kv = args.repeat_kv
 
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.device == "cuda":
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo",
-                            timeout=datetime.timedelta(seconds=args.timeout_s))
+    rank, world = init_ranks(args)
     from torch.distributed.device_mesh import init_device_mesh
 
-    rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh(args.device, (world,), mesh_dim_names=("cp",))
     register_attention()
     if args.device == "cuda":
@@ -605,7 +598,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    # Leave without finalising the interpreter (a gloo worker thread can abort it: docs/guides/fsdp2.md).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_finalising()

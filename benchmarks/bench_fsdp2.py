@@ -26,9 +26,7 @@ GPU (2x H200): torchrun --nproc_per_node=2 benchmarks/bench_fsdp2.py --longest -
 CPU smoke:     torchrun --nproc_per_node=2 benchmarks/bench_fsdp2.py --device cpu --tiny --longest --out DIR
 """
 import argparse
-import datetime
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -39,9 +37,9 @@ from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import (GB, SHAPES, TINY, add_run_args, agree, build_llama, finish_run_args, gather,  # noqa: E402
-                               log, longest_fitting, new_result, output_dir, past_deadline, release_memory,
-                               short_gpu_name, table, timed_steps, worst_rank)
+from benchmarks.common import (GB, SHAPES, TINY, add_run_args, agree, build_llama, exit_without_finalising,  # noqa: E402
+                               finish_run_args, gather, init_ranks, log, longest_fitting, new_result, output_dir,
+                               past_deadline, release_memory, short_gpu_name, table, timed_steps, worst_rank)
 
 VARIANTS = ("ckpt", "hs_before", "hs_after", "hs_chunked", "all")
 
@@ -198,12 +196,7 @@ def main():
     args.dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     elem_bytes = torch.tensor([], dtype=args.dtype).element_size()
 
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.device == "cuda":
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo",
-                            timeout=datetime.timedelta(seconds=args.timeout_s))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = init_ranks(args)
     result = new_result(args, world_size=world, longest_tries=[])
     out = output_dir(args, prefix="torch_offload_fsdp2_") if rank == 0 else None
     stem = f"fsdp2_{short_gpu_name(args.device)}x{world}" + ("_tiny" if args.tiny else "")
@@ -254,8 +247,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    # Leave without finalising the interpreter: a collective's worker thread that still has to drop
-    # a tensor then would abort the process (a torch bug, see python_tests/gloo_ranks.py).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_finalising()

@@ -5,6 +5,8 @@ interleaved rounds, gradient comparison and the allocation-trace replay of a CUD
 
 The scripts put the repository root on sys.path and import this module as `benchmarks.common`.
 """
+import datetime
+import os
 import sys
 import tempfile
 import time
@@ -86,11 +88,28 @@ def longest_fitting(fits, start: int, step: int, cap: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# Hugging Face options of compiled variants
-
-# Options a compiled variant's name can end with, in this order: VARIANT_causal_detach.
-# ------------------------------------------------------------------------------------------------
 # torchrun scripts: every rank takes the same path
+
+
+def init_ranks(args) -> tuple:
+    """torchrun's process group, NCCL on CUDA (this process's GPU: LOCAL_RANK) and gloo on CPU, with
+    --timeout-s as the collective timeout; returns (rank, world size)."""
+    import torch.distributed as dist
+
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo",
+                            timeout=datetime.timedelta(seconds=args.timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def exit_without_finalising() -> None:
+    """Ends a torchrun script after its process group is destroyed, without finalising the
+    interpreter: a collective's worker thread that still has to drop a tensor then would abort the
+    process (a torch bug, see python_tests/gloo_ranks.py)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def agree(args, ok: bool) -> bool:
@@ -126,6 +145,10 @@ def worst_rank(rows: list, keys=("peak_allocated_GB", "peak_reserved_GB", "step_
     return worst
 
 
+# ------------------------------------------------------------------------------------------------
+# Hugging Face options of compiled variants
+
+# Options a compiled variant's name can end with, in this order: VARIANT_causal_detach.
 HF_OPTIONS = ("_causal", "_detach")
 
 
