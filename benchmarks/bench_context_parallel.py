@@ -333,7 +333,7 @@ def run(args, mesh, shape: dict, seq: int, variant: str, warmup: int, steps: int
             stats = handle.stats()
             row["GB_to_host_per_step"] = stats["bytes_to_host"] / steps / GB
             row["stats"] = stats
-            if getattr(handle, "long_context", None) is not None:
+            if handle.notes:  # long_context: what it turned on and why
                 row["explain"] = handle.explain()
     except torch.OutOfMemoryError:
         row["error"] = "OOM"

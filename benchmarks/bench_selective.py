@@ -200,6 +200,7 @@ def run_variant(model, variant, seq, args):
     chunked = None if loss is None else chunk_loss(model, loss)
     undo = enable(model, variant, _auto_budget_gb(args, seq) if variant.startswith("auto") else None)
     handle = getattr(undo, "__self__", None)
+    auto = getattr(handle, "auto", None)
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
 
     def step():
@@ -210,10 +211,10 @@ def run_variant(model, variant, seq, args):
         for _ in range(args.warmup):
             step()
         for _ in range(80):  # auto: its trial steps, then one more step closes the last trial
-            if getattr(handle, "planned", True):
+            if auto is None or auto.planned:
                 break
             step()
-        if getattr(handle, "planned", False):
+        if auto is not None and auto.planned:
             step()  # warm the chosen mode
         sync(args.device)
         if args.device == "cuda":
@@ -221,8 +222,9 @@ def run_variant(model, variant, seq, args):
         row = {"variant": variant, "seq": seq, **timed_steps(step, args.steps, seq, args.device)}
         if isinstance(handle, torch_offload.OffloadHandle):
             row["offload_stats"] = handle.stats()
-        if getattr(handle, "plan", None):
-            row["auto_plan"], row["auto_chosen"], row["auto_budget_GB"] = handle.plan, handle.chosen, handle.budget_gb
+        if auto is not None:
+            row["auto_plan"] = [result.as_row() for result in auto.results]
+            row["auto_chosen"], row["auto_budget_GB"] = auto.chosen.candidate, auto.budget_gb
         return row
     except torch.cuda.OutOfMemoryError:
         return {"variant": variant, "seq": seq, "error": "OOM"}

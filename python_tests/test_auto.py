@@ -18,22 +18,23 @@ def test_auto_trains_like_checkpointing_through_every_trial_and_keeps_one(device
     # CUDA, room under the budget adds trials of the fastest with saves kept on the GPU, its last
     # blocks left unchecked (the tail) or keeping their up/gate products (at most 13 trials).
     _steps_match_plain(ours, reference, device, steps=28 if device == "cpu" else 42)
-    assert handle.planned and [r["candidate"] for r in handle.plan][:4] == [
+    assert handle.auto.planned and [r.candidate for r in handle.auto.results][:4] == [
         "hidden_states", "selective:attention", "selective:attention+qkv+out_proj", "checkpointing"]
-    extra_trials = handle.plan[4:]
+    extra_trials = handle.auto.results[4:]
     assert not extra_trials or (device == "cuda" and all(
-        r["keep_on_device_bytes"] or r["tail_blocks"] or r["kept_mlp_blocks"] for r in extra_trials))
-    assert sum(r["chosen"] for r in handle.plan) == 1
-    assert handle.chosen == next(r["candidate"] for r in handle.plan if r["chosen"])
-    assert all(r["step_s"] == min(r["steps_s"]) > 0 and len(r["steps_s"]) == 2 for r in handle.plan)
-    assert handle.current.mode == handle.chosen.partition(":")[0]
-    assert (handle.manager is None) == (handle.chosen == "checkpointing")
+        r.keep_on_device_bytes or r.tail_blocks or r.kept_mlp_blocks for r in extra_trials))
+    assert sum(r.chosen for r in handle.auto.results) == 1
+    assert handle.auto.chosen == next(r.trial for r in handle.auto.results if r.chosen)
+    assert all(r.step_s == min(r.steps_s) > 0 and len(r.steps_s) == 2 for r in handle.auto.results)
+    chosen = handle.auto.chosen.candidate
+    assert (handle.auto.current.mode or "checkpointing") == chosen.partition(":")[0]
+    assert (handle.manager is None) == (chosen == "checkpointing")
     table = handle.explain()
     assert "selective:attention+qkv+out_proj" in table and "| True |" in table
     if device == "cuda":
         # The default budget is checkpointing's peak, measured in its trial.
-        assert handle.budget_gb == handle.plan[3]["peak_allocated_GB"]
-        assert all(r["within_budget"] is not None for r in handle.plan)
+        assert handle.auto.budget_gb == handle.auto.results[3].peak_allocated_gb
+        assert all(r.within_budget is not None for r in handle.auto.results)
     if handle.manager is not None:
         assert handle.stats()["saves"] > 0
     handle.remove()
@@ -49,11 +50,11 @@ def test_auto_plans_only_on_training_steps():
     with torch.no_grad():
         for _ in range(5):
             model(input_ids=ids)
-    assert handle.plan == [] and not handle.planned
+    assert handle.auto.results == [] and not handle.auto.planned
     model.train()
     for _ in range(5):
         model(input_ids=ids, labels=ids).loss.backward()
-    assert handle.planned and len(handle.plan) == 4
+    assert handle.auto.planned and len(handle.auto.results) == 4
     handle.remove()
 
 
@@ -72,7 +73,7 @@ def test_auto_without_projections_tries_hidden_states_and_attention():
     with pytest.warns(UserWarning, match="made no call to"):  # no attention in these blocks
         for _ in range(4):
             model(x).sum().backward()
-    assert [r["candidate"] for r in handle.plan] == ["hidden_states", "selective:attention", "checkpointing"]
+    assert [r.candidate for r in handle.auto.results] == ["hidden_states", "selective:attention", "checkpointing"]
     handle.remove()
 
 
@@ -99,6 +100,6 @@ def test_auto_keeps_the_lowest_peak_when_nothing_fits_the_budget():
     with pytest.warns(UserWarning, match="no candidate's peak fits memory_budget_gb"):
         for _ in range(5):
             model(input_ids=ids, labels=ids).loss.backward()
-    lowest = min(handle.plan, key=lambda r: r["peak_allocated_GB"])
-    assert lowest["chosen"] and not any(r["within_budget"] for r in handle.plan)
+    lowest = min(handle.auto.results, key=lambda r: r.peak_allocated_gb)
+    assert lowest.chosen and not any(r.within_budget for r in handle.auto.results)
     handle.remove()

@@ -1,16 +1,18 @@
 """mode="auto", per block: the last blocks keeping their MLP's up/gate products (auto_kept.py): the
 plan's trials sized from the room and the bytes measured, and training like checkpointing."""
+import dataclasses
+
 import pytest
 import torch
 
 import torch_offload
 from conftest import DEVICES, cuda_only
 from test_models import _steps_match_plain, _tiny_llama
-from torch_offload.apply import MODES
-from torch_offload.modes import AutoOptions
-from torch_offload.modes.auto.candidates import install_candidate
+from torch_offload import AutoOptions
+from torch_offload.install import installer_for
+from torch_offload.modes.auto.candidates import install_trial
 from torch_offload.modes.auto.kept import block_policies, can_keep_mlp, kept_policy, next_kept_trial
-from torch_offload.policies.store import bytes_kept
+from torch_offload.modes.auto.trials import Trial, TrialResult
 
 QKV_OUT = "selective:attention+qkv+out_proj"
 
@@ -30,9 +32,8 @@ def test_the_kept_policy_adds_the_up_gate_products_to_a_selective_candidate():
 
 
 def _row(candidate, step_s, peak, early, keep=0, tail=0, kept=0, kept_gb=0.0, bytes_to_host=32 * 0.067e9):
-    return {"candidate": candidate, "step_s": step_s, "peak_allocated_GB": peak, "early_peak_GB": early,
-            "keep_on_device_bytes": keep, "tail_blocks": tail, "kept_mlp_blocks": kept, "kept_GB": kept_gb,
-            "bytes_to_host": bytes_to_host}
+    return TrialResult(Trial(candidate, keep, tail, kept), step_s=step_s, steps_s=[step_s], bytes_to_host=bytes_to_host,
+                       kept_gb=kept_gb, peak_allocated_gb=peak, early_peak_gb=early)
 
 
 def test_auto_plans_its_kept_trials_from_the_room_and_the_bytes_measured():
@@ -46,17 +47,17 @@ def test_auto_plans_its_kept_trials_from_the_room_and_the_bytes_measured():
             _row(QKV_OUT, 0.990, 33.01, 28.0, keep=window, tail=5)]  # tails do not seed kept trials
     step = lambda: next_kept_trial(plan, 33.07, 32, lambda c: True)  # noqa: E731
     # 90% of 11.17 GB of room at an estimated 8 block inputs (0.536 GB) per block: 18 blocks.
-    assert step() == (QKV_OUT, window, 0, 18)
+    assert step() == Trial(QKV_OUT, window, 0, 18)
     plan.append(_row(QKV_OUT, 0.975, 33.01, 30.36, keep=window, kept=18, kept_gb=18 * 0.47))
     # 90% of the 2.71 GB left at the 0.47 GB measured: 5 more.
-    assert step() == (QKV_OUT, window, 0, 23)
+    assert step() == Trial(QKV_OUT, window, 0, 23)
     plan.append(_row(QKV_OUT, 0.965, 33.5, 32.9, keep=window, kept=23, kept_gb=23 * 0.47))
     # 0.43 GB over: 2 blocks fewer (with the margin). Then the trials are used up.
-    assert step() == (QKV_OUT, window, 0, 21)
+    assert step() == Trial(QKV_OUT, window, 0, 21)
     plan.append(_row(QKV_OUT, 0.968, 33.02, 32.0, keep=window, kept=21, kept_gb=21 * 0.47))
     assert step() is None
     # Keeping that does not pay against its candidate without it stops the search.
-    slow = plan[:5] + [dict(plan[5], step_s=1.0)]
+    slow = plan[:5] + [dataclasses.replace(plan[5], step_s=1.0)]
     assert next_kept_trial(slow, 33.07, 32, lambda c: True) is None
     # Nothing to keep: no trial.
     assert next_kept_trial(plan[:5], 33.07, 32, lambda c: False) is None
@@ -68,12 +69,11 @@ def test_blocks_keeping_their_products_train_like_checkpointing(device):
     ours, reference = _tiny_llama(device, 0.1), _tiny_llama(device, 0.1)
     reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     blocks = list(ours.model.layers)
-    handle = install_candidate(MODES["auto"], ours, blocks, AutoOptions(), QKV_OUT, tail=1, kept_blocks=1)
+    handle = install_trial(installer_for, ours, blocks, AutoOptions(), Trial(QKV_OUT, tail_blocks=1, kept_mlp_blocks=1))
     assert handle.blocks == blocks[:2]  # the last runs unchecked; the second keeps its products
-    before = bytes_kept()
     _steps_match_plain(ours, reference, device, steps=2)
     # Two steps of one block's gate and up products: 2 x (2 x 32 tokens x 128 floats).
-    assert bytes_kept() - before == 2 * 2 * (2 * 32 * 128 * 4)
+    assert handle.stats()["policy_kept_bytes"] == 2 * 2 * (2 * 32 * 128 * 4)
     handle.remove()
 
 
@@ -84,12 +84,12 @@ def test_auto_tries_keeping_the_up_gate_products_where_the_budget_leaves_room():
     # 1 GB is far above the tiny model's peaks: the first kept trial takes every block.
     handle = torch_offload.apply(ours, "auto", trial_steps=1, memory_budget_gb=1.0, candidates=[QKV_OUT])
     _steps_match_plain(ours, reference, "cuda", steps=16)
-    assert handle.planned
-    kept = [r for r in handle.plan if r["kept_mlp_blocks"]]
-    assert kept and kept[0]["kept_mlp_blocks"] == 3 and kept[0]["tail_blocks"] == 0
-    assert kept[0]["kept_GB"] * 1e9 == 3 * 2 * (2 * 32 * 128 * 4)
-    chosen = next(r for r in handle.plan if r["chosen"])
-    assert handle.kept_mlp_blocks == chosen["kept_mlp_blocks"]
+    assert handle.auto.planned
+    kept = [r for r in handle.auto.results if r.kept_mlp_blocks]
+    assert kept and kept[0].kept_mlp_blocks == 3 and kept[0].tail_blocks == 0
+    assert kept[0].kept_gb * 1e9 == 3 * 2 * (2 * 32 * 128 * 4)
+    chosen = next(r for r in handle.auto.results if r.chosen)
+    assert handle.auto.chosen.kept_mlp_blocks == chosen.kept_mlp_blocks
     assert "last blocks keeping up/gate" in handle.explain()
     handle.remove()
     assert all("forward" not in block.__dict__ for block in ours.model.layers)

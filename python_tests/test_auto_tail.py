@@ -1,14 +1,17 @@
 """mode="auto", per block: an unchecked tail (the last blocks keep their activations and skip the
 recompute) trains exactly like gradient checkpointing, its length follows the measured room under
 the budget, and the probe that measures that room reads what it should."""
+import dataclasses
+
 import pytest
 import torch
 
 import torch_offload
 from conftest import DEVICES, cuda_only
-from torch_offload.apply import MODES
-from torch_offload.modes import AutoOptions
-from torch_offload.modes.auto.candidates import install_candidate
+from torch_offload import AutoOptions
+from torch_offload.install import installer_for
+from torch_offload.modes.auto.candidates import install_trial
+from torch_offload.modes.auto.trials import Trial, TrialResult
 from torch_offload.modes.auto.tail import TailProbe, first_tail, next_tail, next_tail_trial, window_for_one_more_block
 from test_models import _llama_step, _steps_match_plain, _tiny_llama
 
@@ -43,8 +46,8 @@ def test_part_of_the_window_makes_room_for_one_more_block():
 
 
 def _row(candidate, step_s, peak, early, keep=0, tail=0, block=None, bytes_to_host=32 * 0.067e9):
-    return {"candidate": candidate, "step_s": step_s, "peak_allocated_GB": peak, "early_peak_GB": early,
-            "keep_on_device_bytes": keep, "tail_blocks": tail, "tail_block_GB": block, "bytes_to_host": bytes_to_host}
+    return TrialResult(Trial(candidate, keep, tail), step_s=step_s, steps_s=[step_s], bytes_to_host=bytes_to_host,
+                       peak_allocated_gb=peak, early_peak_gb=early, tail_block_gb=block)
 
 
 def test_auto_plans_its_tail_trials_from_the_rows_measured():
@@ -54,18 +57,19 @@ def test_auto_plans_its_tail_trials_from_the_rows_measured():
             _row("checkpointing", 1.101, 33.07, 31.16, bytes_to_host=0),
             _row("selective:attention+qkv+out_proj", 1.048, 33.01, 29.68, keep=int(0.61e9), bytes_to_host=9.1e9)]
     step = lambda: next_tail_trial(plan, 33.07, 32, 80.0)  # noqa: E731
-    assert step() == ("selective:attention+qkv+out_proj", int(0.61e9), 1)  # from the fastest row
+    assert step() == Trial("selective:attention+qkv+out_proj", int(0.61e9), 1)  # from the fastest row
     plan.append(_row("selective:attention+qkv+out_proj", 1.038, 33.01, 31.40, keep=int(0.61e9), tail=1, block=1.71))
     # 1.50 GB of room is short of a 1.71 GB block: part of the window makes it up.
-    candidate, keep, tail = step()
+    trial = step()
+    candidate, keep, tail = trial.candidate, trial.keep_on_device_bytes, trial.tail_blocks
     assert tail == 2 and keep == pytest.approx(0.61e9 - 0.207e9, abs=2e6)
     plan.append(_row(candidate, 1.024, 33.05, 32.9, keep=keep, tail=2, block=1.71))
     assert step() is None  # within the budget, no room, no window left to trade
-    plan[-1]["peak_allocated_GB"] = 34.0  # had it gone over: one block fewer, tried already
+    plan[-1].peak_allocated_gb = 34.0  # had it gone over: one block fewer, tried already
     assert step() is None
     # A tail that is not faster than its candidate without one stops the search.
     slow = plan[:5]
-    slow[-1] = dict(slow[-1], step_s=1.06)
+    slow[-1] = dataclasses.replace(slow[-1], step_s=1.06)
     assert next_tail_trial(slow, 33.07, 32, 80.0) is None
 
 
@@ -75,7 +79,7 @@ def test_an_unchecked_tail_trains_like_checkpointing(device, candidate):
     ours, reference = _tiny_llama(device, 0.1), _tiny_llama(device, 0.1)
     reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     blocks = list(ours.model.layers)
-    handle = install_candidate(MODES["auto"], ours, blocks, AutoOptions(), candidate, tail=2)
+    handle = install_trial(installer_for, ours, blocks, AutoOptions(), Trial(candidate, tail_blocks=2))
     assert handle.blocks == blocks[:1]  # the last two run as they are
     assert all("forward" not in block.__dict__ for block in blocks[1:])
     _steps_match_plain(ours, reference, device, steps=2)
@@ -86,7 +90,7 @@ def test_an_unchecked_tail_trains_like_checkpointing(device, candidate):
 def test_the_probe_reads_the_early_peak_and_a_tail_blocks_footprint():
     model = _tiny_llama("cuda", 0.0)
     blocks = list(model.model.layers)
-    handle = install_candidate(MODES["auto"], model, blocks, AutoOptions(), "hidden_states", tail=1)
+    handle = install_trial(installer_for, model, blocks, AutoOptions(), Trial("hidden_states", tail_blocks=1))
     probe = TailProbe(blocks[-1], blocks[-1:])
     ids = torch.randint(0, 256, (2, 32), device="cuda")
     torch.cuda.reset_peak_memory_stats()
@@ -106,15 +110,15 @@ def test_auto_tries_an_unchecked_tail_where_the_budget_leaves_room():
     handle = torch_offload.apply(ours, "auto", trial_steps=1, memory_budget_gb=1.0,
                                  candidates=["hidden_states", "checkpointing"])
     _steps_match_plain(ours, reference, "cuda", steps=12)
-    assert handle.planned
-    tails = [r for r in handle.plan if r["tail_blocks"]]
-    assert tails and tails[0]["tail_blocks"] == 1 and tails[0]["tail_block_GB"] > 0
-    assert all(r["early_peak_GB"] <= r["peak_allocated_GB"] for r in handle.plan)
+    assert handle.auto.planned
+    tails = [r for r in handle.auto.results if r.tail_blocks]
+    assert tails and tails[0].tail_blocks == 1 and tails[0].tail_block_gb > 0
+    assert all(r.early_peak_gb <= r.peak_allocated_gb for r in handle.auto.results)
     if len(tails) > 1:
-        assert tails[1]["tail_blocks"] == 2  # 3 blocks: all but one
-    chosen = next(r for r in handle.plan if r["chosen"])
-    assert handle.tail_blocks == chosen["tail_blocks"]
-    assert len(handle.current.blocks) == 3 - chosen["tail_blocks"]
+        assert tails[1].tail_blocks == 2  # 3 blocks: all but one
+    chosen = next(r for r in handle.auto.results if r.chosen)
+    assert handle.auto.chosen.tail_blocks == chosen.tail_blocks
+    assert len(handle.auto.current.blocks) == 3 - chosen.tail_blocks
     assert "unchecked last blocks" in handle.explain()
     handle.remove()
     assert all("forward" not in block.__dict__ for block in ours.model.layers)

@@ -12,7 +12,8 @@ import torch_offload
 from conftest import cuda_only
 from torch_offload.hooks import link_budget
 from torch_offload.hooks.link_budget import window_for
-from torch_offload.modes.auto.planner import GB, keep_on_device_bytes_for
+from torch_offload.modes.auto.controller import keep_on_device_bytes_for
+from torch_offload.modes.auto.trials import GB
 from test_models import _steps_match_plain, _tiny_llama
 
 # Every test here runs with the C save hooks and with the Python ones (conftest.save_hooks).
@@ -120,24 +121,24 @@ def test_auto_tries_the_fastest_candidate_again_with_saves_kept_within_the_budge
     handle = torch_offload.apply(ours, "auto", trial_steps=1, memory_budget_gb=1000.0,
                                  candidates=["hidden_states", "selective:attention"])
     _steps_match_plain(ours, reference, "cuda", steps=7)
-    assert handle.planned
+    assert handle.auto.planned
     # (the window trials; auto's tail and kept-product trials come after them: test_auto_tail.py,
     # test_auto_kept.py)
-    tried = handle.plan[:2]
-    kept = [r for r in handle.plan[2:] if not r["tail_blocks"] and not r["kept_mlp_blocks"]]
-    fastest = min(tried, key=lambda r: r["step_s"])
-    assert 1 <= len(kept) <= 2 and kept[0]["candidate"] == fastest["candidate"]
+    tried = handle.auto.results[:2]
+    kept = [r for r in handle.auto.results[2:] if not r.tail_blocks and not r.kept_mlp_blocks]
+    fastest = min(tried, key=lambda r: r.step_s)
+    assert 1 <= len(kept) <= 2 and kept[0].candidate == fastest.candidate
     for row in kept:
-        base = next(r for r in tried if r["candidate"] == row["candidate"])
+        base = next(r for r in tried if r.candidate == row.candidate)
         # Two blocks' offloaded bytes (the budget leaves room for far more).
-        assert row["keep_on_device_bytes"] == int(2 * base["bytes_to_host"] / 3)
+        assert row.keep_on_device_bytes == int(2 * base.bytes_to_host / 3)
         # The window lives until the last blocks' backward: it adds to the peak measured until then.
-        assert row["predicted_peak_GB"] == pytest.approx(
-            max(base["peak_allocated_GB"], base["early_peak_GB"] + row["keep_on_device_GB"]))
-        assert f"| {row['keep_on_device_GB']:.2f} |" in handle.explain()
-    chosen = next(r for r in handle.plan if r["chosen"])
-    assert handle.keep_on_device_bytes == chosen["keep_on_device_bytes"]
-    assert handle.manager.keep_on_device_bytes() == chosen["keep_on_device_bytes"]
+        assert row.predicted_peak_gb == pytest.approx(
+            max(base.peak_allocated_gb, base.early_peak_gb + row.keep_on_device_gb))
+        assert f"| {row.keep_on_device_gb:.2f} |" in handle.explain()
+    chosen = next(r for r in handle.auto.results if r.chosen)
+    assert handle.auto.chosen.keep_on_device_bytes == chosen.keep_on_device_bytes
+    assert handle.manager.keep_on_device_bytes() == chosen.keep_on_device_bytes
     handle.remove()
 
 

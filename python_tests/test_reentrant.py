@@ -166,13 +166,13 @@ def test_auto_with_use_reentrant_trains_like_checkpointing():
     handle = torch_offload.apply(model, "auto", trial_steps=1, use_reentrant=True)
     _steps_match_plain(model, reference, "cpu", steps=6)
     # The reentrant recompute reruns the down projection: the projection policy offloads it too.
-    assert handle.planned and [r["candidate"] for r in handle.plan] == [
+    assert handle.auto.planned and [r.candidate for r in handle.auto.results] == [
         "hidden_states", "selective:attention", "selective:attention+qkv+out_proj+fc2", "checkpointing"]
     handle.remove()
     other = torch_offload.apply(model, "auto", trial_steps=1, use_reentrant=True,
                                 candidates=["selective:attention+fc2", "checkpointing"])
     _steps_match_plain(model, reference, "cpu", steps=3)
-    assert [r["candidate"] for r in other.plan] == ["selective:attention+fc2", "checkpointing"]
+    assert [r.candidate for r in other.auto.results] == ["selective:attention+fc2", "checkpointing"]
     other.remove()
 
 

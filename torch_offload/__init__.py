@@ -8,6 +8,9 @@ from ._engine.ops import offload_restore, offload_save
 from .handle import OffloadHandle
 from .hooks.offload_hooks import offload_activations
 from .apply import apply
+from .config import (ActivationsOptions, AutoOptions, ChunkedLossOptions, DiskOptions, HiddenStatesOptions,
+                     LayerOffloadingOptions, LongContextOptions, ModulesOptions, OffloadConfig, SelectiveOptions,
+                     SyncOptions, TilingOptions)
 from .blocks import find_blocks
 from .checkpointing.drop_in import checkpoint
 from .loss.chunked_loss import chunked_causal_lm_loss
@@ -39,7 +42,19 @@ def __getattr__(name):
 
 
 __all__ = [
+    "ActivationsOptions",
+    "AutoOptions",
     "ChunkedLossHandle",
+    "ChunkedLossOptions",
+    "DiskOptions",
+    "HiddenStatesOptions",
+    "LayerOffloadingOptions",
+    "LongContextOptions",
+    "ModulesOptions",
+    "OffloadConfig",
+    "SelectiveOptions",
+    "SyncOptions",
+    "TilingOptions",
     "LayerOffloadHandle",
     "ModuleOffloadHandle",
     "NothingOffloadedWarning",

@@ -1,7 +1,17 @@
-"""OffloadHandle: what apply() returns, and how it undoes what apply() changed."""
+"""OffloadHandle: what apply() returns, and the one stack of undos that remove() pops.
+
+Installing is an ordered list of steps (install.py); each change a step makes on the model pushes
+what undoes it onto the handle's stack, so remove() undoes every change in reverse order, and a
+failed install pops what it had pushed and leaves the model as it was. Mode "auto" keeps one such
+handle per trial (modes/auto/controller.py).
+
+Every undo is data (a bound method or functools.partial of objects the model reaches), never a
+closure: copy.deepcopy((model, handle)) then gives the copy's handle, whose undos act on the copy
+(copies.py)."""
+import functools
 import warnings
 import weakref
-from typing import List
+from typing import Callable, List
 
 from torch import nn
 
@@ -11,30 +21,48 @@ from .copies import NotPicklable, copy_attributes
 
 
 class OffloadHandle(NotPicklable):
-    """What apply() returns: the manager in use and its statistics, the layer offloading
-    (`layers`) and chunked loss (`chunked_loss`) when asked for, the modules-mode report, and
-    remove() to undo apply().
-
-    Everything remove() needs is data (wrappers, hook handles, (object, attribute, value) to put
-    back), not closures: copy.deepcopy((model, handle)) gives the copy's handle (copies.py)."""
+    """What apply() returns: the configuration it installed (`config`, every part decided), the
+    activation manager in use and its statistics (stats()), the parts' own handles where on
+    (`layers`: LayerOffloadHandle, `chunked_loss`: ChunkedLossHandle, `tiled_mlp` / `tiled_norms`:
+    TiledMLPHandle, `modules`: mode "modules"' ModuleOffloadHandle, `auto`: mode "auto"'s
+    AutoController), what apply() decided and why (explain()), and remove()."""
 
     _pickled_what = "its OffloadHandle"
 
-    def __init__(self, model: nn.Module, mode, manager, layers=None, modules=None):
+    def __init__(self, model: nn.Module, config=None, notes=()):
         self.model = model
-        self.mode = mode
-        self.manager = manager
-        self.layers = layers  # LayerOffloadHandle with layer_offloading=True
-        self.modules = modules  # ModuleOffloadHandle in "modules" mode
-        self.chunked_loss = None  # ChunkedLossHandle with chunked_loss=
-        self.long_context = None  # LongContextPlan with long_context=True (its tiled MLP, spill folder)
-        self.link_budget = None  # LinkBudget with keep_on_device_bytes="auto" (link_budget.py)
+        self.config = config  # the OffloadConfig installed, every part decided
+        self.notes = list(notes)  # (part, chosen, why): what resolve() decided, for explain()
+        self._manager = None
+        self.layers = None
+        self.chunked_loss = None
+        self.tiled_mlp = None
+        self.tiled_norms = None
+        self.spill_dir = None  # the folder made for spills, removed by remove()
+        self.modules = None
+        self.auto = None
+        self.link_budget = None  # LinkBudget with keep_on_device_bytes="auto" (hooks/link_budget.py)
         self._wrappers: List[BlockForward] = []
-        self._hook_handles = []  # torch.utils.hooks.RemovableHandle
-        self._attributes = []  # (object, name, value apply() changed it from)
+        self._undo: List[Callable[[], None]] = []
+
+    @property
+    def manager(self):
+        """The activation mode's OffloadManager (auto: the current trial's; None without one)."""
+        return self.auto.manager if self.auto is not None else self._manager
+
+    @manager.setter
+    def manager(self, manager) -> None:
+        self._manager = manager
+
+    @property
+    def mode(self):
+        """The activation mode's name (None: no activation offloading)."""
+        return None if self.config is None else self.config.mode_name
 
     @property
     def blocks(self) -> List[nn.Module]:
+        if self.auto is not None:
+            return self.auto.blocks
         return [wrapper.block for wrapper in self._wrappers]
 
     def __deepcopy__(self, memo):
@@ -42,7 +70,10 @@ class OffloadHandle(NotPicklable):
 
     def stats(self) -> dict:
         """Statistics of the activation manager merged with its saved-tensor hooks' counters
-        (torch_offload.stats(manager)); layer offloading: `layers.stats()`."""
+        (torch_offload.stats(manager)); {} without one (mode=None, and auto while torch's
+        checkpointing runs); layer offloading: `layers.stats()`."""
+        if self.auto is not None:
+            return self.auto.stats()
         return manager_stats(self.manager) if self.manager is not None else {}
 
     def report(self) -> dict:
@@ -52,55 +83,36 @@ class OffloadHandle(NotPicklable):
         return self.modules.report()
 
     def explain(self) -> str:
-        """What long_context=True turned on and why (mode "auto" adds what it measured and chose)."""
-        if self.long_context is None:
+        """What long_context=True turned on and why; mode "auto" adds what it measured and chose."""
+        if not self.notes and self.auto is None:
             raise RuntimeError("torch_offload: explain() is for apply(..., long_context=True) and mode='auto'")
-        return self.long_context.explain()
+        parts = [self.auto.explain()] if self.auto is not None else []
+        if self.notes:
+            lines = ["torch_offload long_context=True", "", "| part | chosen | why |", "|---|---|---|"]
+            lines += [f"| {part} | {chosen} | {why} |" for part, chosen, why in self.notes]
+            for what, tiled in (("MLP", self.tiled_mlp), ("norm", self.tiled_norms)):
+                tiles = {} if tiled is None else tiled.tiles()
+                if tiles:
+                    lines += ["", f"tokens per {what} tile, by sequence length: "
+                              + ", ".join(f"{length}: {tile}" for length, tile in sorted(tiles.items()))]
+            parts.append("\n".join(lines) + "\n")
+        return "\n".join(parts)
 
-    def remove(self) -> None:
-        if self.long_context is not None:
-            self.long_context.remove()
-            self.long_context = None
-        for wrapper in self._wrappers:
-            set_forward(wrapper.block, wrapper.inner)
-            wrapper.block.__dict__.pop("_torch_offload_handle", None)
-        self._wrappers = []
-        if self.modules is not None:
-            self.modules.remove()
-        if self.layers is not None:
-            self.layers.remove()
-            self.layers = None
-        if self.chunked_loss is not None:
-            self.chunked_loss.remove()
-            self.chunked_loss = None
-        for hook in self._hook_handles:
-            hook.remove()
-        self._hook_handles = []
-        while self._attributes:
-            setattr(*self._attributes.pop())
+    # Changes, each with its undo pushed.
+
+    def push(self, undo: Callable[[], None]) -> None:
+        """remove() calls `undo` (after the undos pushed later)."""
+        self._undo.append(undo)
 
     def on_remove(self, *hook_handles) -> None:
         """remove() also removes these hooks (torch.utils.hooks.RemovableHandle)."""
-        self._hook_handles.extend(hook_handles)
+        for hook in hook_handles:
+            self.push(hook.remove)
 
-    def disable_hf_checkpointing(self) -> None:
-        """Turns a Hugging Face model's own gradient checkpointing off (ours replaces it, or the
-        mode needs no recompute); remove() turns it back on with the same checkpoint function."""
-        for module in self.model.modules():
-            if getattr(module, "gradient_checkpointing", False) is True:
-                self._attributes.append((module, "gradient_checkpointing", True))
-                module.gradient_checkpointing = False
-
-    def disable_kv_cache(self) -> None:
-        """Sets a Hugging Face config's use_cache=False (a KV cache cannot be filled by a recomputed
-        layer), with a warning; remove() puts the old value back."""
-        config = getattr(self.model, "config", None)
-        if config is None or not getattr(config, "use_cache", False):
-            return
-        warnings.warn("torch_offload.apply: setting config.use_cache=False (a KV cache cannot be "
-                      "filled by a recomputed layer); handle.remove() sets it back")
-        self._attributes.append((config, "use_cache", config.use_cache))
-        config.use_cache = False
+    def set_attribute(self, obj, name: str, value) -> None:
+        """setattr(obj, name, value); remove() puts the value it had back."""
+        self.push(functools.partial(setattr, obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
 
     def wrap(self, wrapper: BlockForward) -> None:
         """Installs `wrapper` as its block's forward; remove() puts back the one it wraps."""
@@ -109,3 +121,43 @@ class OffloadHandle(NotPicklable):
         # Marks the block as wrapped. Weak: a deep copy of one block must not copy the handle and
         # through it the whole model (the copied block keeps a dead or foreign mark: still wrapped).
         wrapper.block._torch_offload_handle = weakref.ref(self)
+        self.push(functools.partial(self._unwrap, wrapper))
+
+    def _unwrap(self, wrapper: BlockForward) -> None:
+        set_forward(wrapper.block, wrapper.inner)
+        wrapper.block.__dict__.pop("_torch_offload_handle", None)
+        self._wrappers.remove(wrapper)
+
+    def disable_hf_checkpointing(self) -> None:
+        """Turns a Hugging Face model's own gradient checkpointing off (ours replaces it, or the
+        mode needs no recompute); remove() turns it back on with the same checkpoint function."""
+        for module in self.model.modules():
+            if getattr(module, "gradient_checkpointing", False) is True:
+                self.set_attribute(module, "gradient_checkpointing", False)
+
+    def disable_kv_cache(self, call: str = "torch_offload.apply") -> None:
+        """Sets use_cache=False on every Hugging Face config of the model that has it on (an
+        encoder-decoder's stacks keep their own: a KV cache cannot be filled by a recomputed layer),
+        with a warning; remove() puts the old values back."""
+        config = getattr(self.model, "config", None)
+        configs = [config] if getattr(config, "use_cache", False) else []
+        if not configs:
+            return
+        warnings.warn(f"{call}: setting config.use_cache=False (a KV cache cannot be filled by a recomputed "
+                      "layer); handle.remove() sets it back")
+        for config in configs:
+            self.set_attribute(config, "use_cache", False)
+
+    def remove(self) -> None:
+        """Undoes every change, the last made first. An undo that fails does not stop the others;
+        the first failure is raised after all have run."""
+        failure = None
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception as error:  # noqa: BLE001  (the rest still have to be undone)
+                failure = failure or error
+        self.layers = self.chunked_loss = self.tiled_mlp = self.tiled_norms = None
+        if failure is not None:
+            raise failure

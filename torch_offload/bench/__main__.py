@@ -12,6 +12,7 @@ Examples:
     python -m torch_offload.bench --model tiny --device cpu --seqs 64 --steps 1   # smoke test
 """
 import argparse
+import dataclasses
 import inspect
 import json
 import re
@@ -23,6 +24,8 @@ from pathlib import Path
 import torch
 
 from ..apply import apply
+from ..config.mode_options import (MODE_OPTIONS, AutoOptions, ModulesOptions, SelectiveOptions, canonical_mode,
+                                   options_type)
 from ..hooks.empty_steps import NothingOffloadedWarning
 from ..targets.presets import PRESETS
 from .common import (LLAMA3_8B, REFERENCE, TINY, add_link_utilisation, add_ratios, build_llama, gpu_name, new_result,
@@ -31,32 +34,27 @@ from .disk_bandwidth import disk_bandwidth
 from .plot import BASELINES, plot, pyplot
 
 SHAPES = {"reference": REFERENCE, "llama3-8b": LLAMA3_8B, "tiny": TINY}
-# Each variant with its line of --help; "selective:" and "modules:" take a suffix.
+# Each variant with its line of --help: the baselines, then each mode of the registry (how the bench
+# runs it, where it adds to the mode's summary) and the disk-tier runs of hidden_states; "selective:"
+# and "modules:" take a suffix.
+_HOW = {
+    SelectiveOptions: "policy='attention'; selective:POLICY for another named policy, e.g. "
+                      "selective:attention+qkv+out_proj",
+    AutoOptions: "its trial steps run as warm-up, then the mode it kept is timed; its plan is in the JSON",
+    ModulesOptions: "targets=['*.self_attn']; modules:ITEM,... for presets (" + ",".join(PRESETS) + ") or name patterns",
+}
 VARIANTS = {
     "none": "no checkpointing, nothing offloaded",
     "checkpointing": "torch's gradient checkpointing (non-reentrant) of every decoder layer: the ratios' baseline",
     "hf_offload": "transformers' own gradient_checkpointing_enable(offload=True): checkpointing, layer inputs "
                   "in pinned host memory",
-    "hidden_states": "apply(model, 'hidden_states'): checkpointing, block inputs offloaded",
+    **{options.mode_name: f"apply(model, {options.mode_name!r}): {options.summary}"
+       + (f"; {_HOW[options]}" if options in _HOW else "") for options in MODE_OPTIONS},
     "hidden_states_disk": "hidden_states through the disk tier (disk_only=True), for hosts short of RAM",
     "hidden_states_disk_direct": "the same with disk_direct_io=True (files bypass the page cache)",
-    "selective": "apply(model, 'selective', policy='attention'); selective:POLICY for another named policy, "
-                 "e.g. selective:attention+qkv+out_proj",
-    "auto": "apply(model, 'auto'): its trial steps run as warm-up, then the mode it kept is timed; "
-            "its plan is in the JSON",
-    "modules": "apply(model, 'modules', targets=['*.self_attn']); modules:ITEM,... for presets "
-               "(" + ",".join(PRESETS) + ") or name patterns",
-    "all": "apply(model, 'all'): every saved activation of at least min_bytes, no recompute",
-    "sync": "all, each copy finished before the save returns",
-    "disk": "all, every saved activation written to disk_dir",
 }
 _SUFFIXED = ("selective", "modules")
 DISK_VARIANTS = ("disk", "hidden_states_disk", "hidden_states_disk_direct")
-_MANAGER = ("max_in_flight", "prefetch_depth", "disk_dir")
-# The bench options each mode takes (apply() refuses the others: auto sets prefetch depths itself).
-_TAKES = {"hidden_states": _MANAGER, "selective": _MANAGER + ("min_bytes",), "all": _MANAGER + ("min_bytes",),
-          "sync": _MANAGER + ("min_bytes",), "disk": _MANAGER + ("min_bytes",),
-          "modules": _MANAGER + ("min_bytes",), "auto": ("max_in_flight", "trial_steps")}
 _AUTO_MAX_STEPS = 200  # auto plans in 13 steps by default, in a few dozen at most with its GPU trials
 COLUMNS = [("tokens/s", "tokens_per_s", "{:.0f}"), ("x checkpointing", "x_checkpointing", "{:.3f}"),
            ("peak allocated GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
@@ -95,7 +93,9 @@ def enable(model, variant: str, options: dict):
                 model.disable_input_require_grads()
         return None, undo
     mode = "hidden_states" if base.startswith("hidden_states") else base
-    mode_options = {k: v for k, v in options.items() if v is not None and k in _TAKES[mode]}
+    # Each bench option goes to the modes whose options have it (apply() refuses the others).
+    takes = {field.name for field in dataclasses.fields(options_type(mode))}
+    mode_options = {k: v for k, v in options.items() if v is not None and k in takes}
     if base in DISK_VARIANTS and options.get("disk_direct_io"):
         mode_options["disk_direct_io"] = True
     if base.startswith("hidden_states_disk"):
@@ -113,15 +113,17 @@ def enable(model, variant: str, options: dict):
 def _auto_plan(handle, step) -> dict:
     """Runs training steps until mode auto has decided (its trials: the warm-up of its timed steps);
     returns its plan for the row, or {"error": ...} when it did not decide."""
-    steps = 0
-    while not handle.planned and steps < _AUTO_MAX_STEPS:
+    auto, steps = handle.auto, 0
+    while not auto.planned and steps < _AUTO_MAX_STEPS:
         step()
         steps += 1
-    if not handle.planned:
+    if not auto.planned:
         return {"error": f"auto: no plan after {steps} steps"}
-    return {"auto_chosen": handle.chosen, "auto_steps_to_plan": steps, "auto_budget_GB": handle.budget_gb,
-            "auto_keep_on_device_bytes": handle.keep_on_device_bytes, "auto_tail_blocks": handle.tail_blocks,
-            "auto_kept_mlp_blocks": handle.kept_mlp_blocks, "auto_plan": handle.plan, "auto_explain": handle.explain()}
+    chosen = auto.chosen
+    return {"auto_chosen": chosen.candidate, "auto_steps_to_plan": steps, "auto_budget_GB": auto.budget_gb,
+            "auto_keep_on_device_bytes": chosen.keep_on_device_bytes, "auto_tail_blocks": chosen.tail_blocks,
+            "auto_kept_mlp_blocks": chosen.kept_mlp_blocks,
+            "auto_plan": [result.as_row() for result in auto.results], "auto_explain": handle.explain()}
 
 
 def run(model, variant: str, seq: int, device: str, warmup: int, steps: int, options: dict,
@@ -218,6 +220,11 @@ def parse_variants(text: str) -> list:
     variants = []
     for item in (i.strip() for i in text.split(",")):
         base, colon, suffix = item.partition(":")
+        try:  # a mode's alias ("true", "legacy") is the mode
+            base = canonical_mode(base) or base
+            item = base + colon + suffix
+        except ValueError:
+            pass
         if item in VARIANTS or (colon and base in _SUFFIXED):
             if colon and not suffix:
                 raise ValueError(f"{item!r} needs what follows the colon")

@@ -6,6 +6,7 @@ compile mode, and our partitioner), and refuses what cannot work: CUDA graphs ca
 (mode="reduce-overhead" / triton.cudagraphs) would record our ops' host-side bookkeeping once and
 replay only the kernels, so the copies would not match the pool's state.
 """
+import dataclasses
 import functools
 from typing import Optional
 
@@ -15,7 +16,9 @@ from ..hooks.empty_steps import warn_nothing_offloaded
 from ..policies import named as policies
 from ..policies.projections import projection_groups
 from .model_changes import CompileChanges, checkpointed
-from .partitioner import OffloadPartitioner, check_min_bytes
+from ..config.offload_config import OffloadConfig
+from ..config.mode_options import MODE_OPTIONS, canonical_mode
+from .partitioner import COMPILE_MODES, COMPILED_OPTIONS, OffloadPartitioner, check_min_bytes
 from .projection_policy import projection_policy
 from .._engine.manager import OffloadManager
 
@@ -27,6 +30,9 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
             **compile_kwargs):
     """torch.compile(model) with offloading inside the compiled graphs.
 
+    `mode`: a mode's name, or the OffloadConfig (or mode options) apply() takes: HiddenStatesOptions,
+    SelectiveOptions (its policy and min_bytes) or ActivationsOptions (mode "all": its min_bytes);
+    the compiled graphs use no other option, and no part besides the activation mode.
     mode="hidden_states": the model's blocks run under torch's gradient checkpointing (a Hugging Face
     model's own, or torch.utils.checkpoint around `blocks`), and the checkpoint inputs are offloaded,
     whatever their size (as eager "hidden_states": min_bytes is refused).
@@ -58,7 +64,8 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
     config.use_cache, sdpa_is_causal, detach_logits; model_changes.py). A training step whose
     compiled graphs offload nothing warns once, saying why (NothingOffloadedWarning).
     """
-    check_min_bytes(mode, min_bytes, "torch_offload.compile")  # before anything changes
+    mode, policy, min_bytes = _from_config(mode, policy, min_bytes)
+    mode = check_mode(mode, min_bytes)  # before anything changes
     policy_fn, saves_per_block = _policy(model, mode, policy, blocks)
     options = _inductor_options(compile_mode, options, backend)
     # Compiled graphs launch far ahead of the GPU: with saves a layer apart (hidden_states), earlier
@@ -87,6 +94,36 @@ def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None
     check = _WarnIfNothingOffloaded(partitioner)
     check.hook = compiled.register_forward_hook(check)
     return compiled
+
+
+def _from_config(mode, policy, min_bytes):
+    """(mode name, policy, min_bytes) from what compile() got: a config's activation options, or
+    the mode's name with policy= and min_bytes= as given."""
+    options = mode.activations if isinstance(mode, OffloadConfig) else mode
+    if isinstance(mode, OffloadConfig):
+        parts = [name for name in ("layer_offloading", "chunked_loss", "tiling", "long_context") if getattr(mode, name)]
+        if parts:
+            raise TypeError(f"torch_offload.compile: the config turns on {', '.join(parts)}, which compiled graphs do "
+                            "not take; apply() takes them in eager mode")
+    if type(options) not in COMPILED_OPTIONS.values():
+        if isinstance(mode, OffloadConfig) or type(options) in MODE_OPTIONS:
+            raise TypeError(f"torch_offload.compile: {type(options).__name__ if options is not None else None} is not "
+                            f"one of the modes compiled graphs offload ({', '.join(COMPILE_MODES)})")
+        return mode, policy, min_bytes  # a mode's name
+    default = type(options)()
+    unused = [f.name for f in dataclasses.fields(options) if f.name not in ("policy", "min_bytes")
+              and getattr(options, f.name) != getattr(default, f.name)]
+    if unused:
+        raise TypeError(f"torch_offload.compile: {type(options).__name__} sets {', '.join(unused)}, which compiled "
+                        "graphs do not use (compile() builds its own manager: pass manager= for another)")
+    if options.mode_name == "hidden_states":
+        return options.mode_name, policy, None
+    return options.mode_name, getattr(options, "policy", None) or policy, options.min_bytes
+
+
+def check_mode(mode, min_bytes) -> str:
+    check_min_bytes(mode, min_bytes, "torch_offload.compile")
+    return canonical_mode(mode)
 
 
 def _torch_compile(model, partitioner: OffloadPartitioner, backend: str, options: dict, compile_kwargs: dict):

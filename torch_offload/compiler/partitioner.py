@@ -45,12 +45,14 @@ from torch.utils.checkpoint import CheckpointPolicy
 from .._engine import ops  # noqa: F401  (the ops' fake kernels, which tracing the rewritten graphs needs)
 from .._engine import layouts as _layouts
 from .._engine.layouts import dense_permutation, inverse_permutation
-from ..modes.options import DEFAULT_MIN_BYTES as ALL_MIN_BYTES
-from ..policies.store import DEFAULT_MIN_BYTES as SELECTIVE_MIN_BYTES
+from ..config.mode_options import ActivationsOptions, HiddenStatesOptions, SelectiveOptions
+from ..config.mode_options import canonical_mode
 
-COMPILE_MODES = ("hidden_states", "selective", "all")
-# min_bytes when none is given, as in the eager modes; "hidden_states" takes none.
-DEFAULT_MIN_BYTES = {"selective": SELECTIVE_MIN_BYTES, "all": ALL_MIN_BYTES}
+# The modes the pass serves, by their options class: its defaults are eager's (min_bytes where none
+# is given; "hidden_states" takes none).
+COMPILED_OPTIONS = {options.mode_name: options for options in (HiddenStatesOptions, SelectiveOptions,
+                                                                ActivationsOptions)}
+COMPILE_MODES = tuple(COMPILED_OPTIONS)
 _SAVE = torch.ops.offload.offload_save.default
 _RESTORE = torch.ops.offload.offload_restore.default
 _OFFLOAD_TAG = "torch_offload_offload"  # node meta: a policy asked for this value to be offloaded
@@ -106,8 +108,13 @@ def _save_what_policies_offload(joint: torch.fx.GraphModule) -> None:
 def check_min_bytes(mode: str, min_bytes, call: str) -> int:
     """The min_bytes `mode` uses: the mode's default for None; for "hidden_states" (every checkpoint
     input whatever its size, as eager) a min_bytes is the same error as eager's."""
-    if mode not in COMPILE_MODES:
+    try:
+        name = canonical_mode(mode)
+    except ValueError:
+        name = None
+    if name not in COMPILE_MODES:
         raise ValueError(f"{call}: unknown mode {mode!r}; expected one of {COMPILE_MODES}")
+    mode = name
     if mode == "hidden_states":
         if min_bytes is not None:
             raise TypeError(f"{call}(mode='hidden_states') got an unexpected keyword argument 'min_bytes' "
@@ -115,7 +122,7 @@ def check_min_bytes(mode: str, min_bytes, call: str) -> int:
                             "min_bytes is for modes 'selective' and 'all')")
         return 0
     if min_bytes is None:
-        return DEFAULT_MIN_BYTES[mode]
+        return COMPILED_OPTIONS[mode].min_bytes
     if type(min_bytes) is not int or min_bytes < 0:
         raise (TypeError if type(min_bytes) is not int else ValueError)(
             f"{call}(mode={mode!r}): min_bytes={min_bytes!r}; expected an int >= 0")
@@ -124,13 +131,13 @@ def check_min_bytes(mode: str, min_bytes, call: str) -> int:
 
 class OffloadPartitioner(CustomPartitionerFn):
     """min-cut partition, then offload the selected saved tensors through the manager.
-    min_bytes: None for the mode's default (DEFAULT_MIN_BYTES); not taken by "hidden_states"."""
+    min_bytes: None for the mode's default (its options class's); not taken by "hidden_states"."""
 
     def __init__(self, manager, mode: str = "hidden_states", min_bytes: Optional[int] = None,
                  call: str = "torch_offload.OffloadPartitioner"):
         self.min_bytes = check_min_bytes(mode, min_bytes, call)
         self.manager = manager
-        self.mode = mode
+        self.mode = canonical_mode(mode)
         self.offloaded = []  # per compiled graph: names of the saved tensors it offloads
         self.kept = []  # per compiled graph: {why: how many} of the saved tensors it leaves (_Kept)
         self.graphs = []  # per compiled graph: the rewritten (forward, backward) GraphModules

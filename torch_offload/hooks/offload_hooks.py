@@ -25,6 +25,8 @@ from .._engine.library import load_save_hooks
 from .._engine.ops import offload_batch, offload_pack, offload_pack_filtered, offload_restore, offload_save, offload_unpack
 
 from .._engine import node_budget
+from ..config.aliases import ALIASES, unalias
+from ..config.defaults import ACTIVATIONS_MIN_BYTES, MAX_IN_FLIGHT
 from . import weight_tokens
 from .._engine.dtensors import is_dtensor as _is_dtensor
 from .._engine.dtensors import join_local, split_local
@@ -37,17 +39,17 @@ from .._engine.manager import stats as manager_stats
 from .save_filter import KEEP, LEAF_WITHOUT_GRAD, SaveFilter
 from .saved_regions import SavedRegions, SavedView, SaveCounters
 
-MODE_ALIASES = {"all": "all", "true": "all", "sync": "sync", "legacy": "sync", "disk": "disk"}
+HOOK_MODES = ("all", "sync", "disk")  # the modes whose saves these hooks offload
 
 
 def canonical_mode(mode) -> str:
-    key = "true" if mode is True else str(mode).lower()
-    if key not in MODE_ALIASES:
-        raise ValueError(
-            f"torch_offload: unknown activation offloading mode {mode!r}; expected one of "
-            f"{sorted(MODE_ALIASES)} (or True)"
-        )
-    return MODE_ALIASES[key]
+    """The hooks' mode for `mode` (a name, or an alias of the one table, config/aliases.py)."""
+    name = unalias(mode)
+    if name not in HOOK_MODES:
+        names = list(HOOK_MODES) + [alias for alias, target in ALIASES.items() if isinstance(alias, str)]
+        raise ValueError(f"torch_offload: unknown activation offloading mode {mode!r}; expected one of {names} "
+                         "(or True)")
+    return name
 
 
 def _is_weight(t: torch.Tensor) -> bool:
@@ -115,8 +117,8 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         self,
         mode="all",
         *,
-        min_bytes: int = 1 << 20,
-        max_in_flight: int = 4,
+        min_bytes: int = ACTIVATIONS_MIN_BYTES,
+        max_in_flight: int = MAX_IN_FLIGHT,
         prefetch_depth: int = 4,
         host_budget_bytes: int = 0,
         node_host_budget_bytes: int = 0,

@@ -13,7 +13,7 @@ TrainerCallback); `import torch_offload.integrations` alone does not.
 import importlib
 
 _WHERE = {"OffloadCallback": "hf_trainer", "enable": "hf_trainer", "apply_prepared": "accelerate_model",
-          "unwrap": "unwrapping", "from_config": "config", "gradient_checkpointing_enable": "hf_checkpointing",
+          "unwrap": "unwrapping", "from_config": "trainer_config", "gradient_checkpointing_enable": "hf_checkpointing",
           "HFCheckpointingHandle": "hf_checkpointing"}
 
 

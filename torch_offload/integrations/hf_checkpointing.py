@@ -10,31 +10,30 @@ _checkpoint_functions() replaces the function, keeping the keywords transformers
 wrapper of gradient_checkpointing_enable added, such as TRL's selective checkpointing, included).
 take_over() does the same for a model whose checkpointing is on already (the Trainer's).
 """
+import dataclasses
 import functools
 import inspect
-import warnings
 from typing import List, Optional
 
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from ..checkpointing.drop_in import checkpoint
+from ..config.errors import OptionError
+from ..config.offload_config import OffloadConfig
+from ..config.keywords import build_options
+from ..config.mode_options import (MODE_OPTIONS, ActivationsOptions, AutoOptions, HiddenStatesOptions, ModulesOptions,
+                                   SelectiveOptions, canonical_mode, options_type)
 from ..copies import NotPicklable, copy_attributes
 from ..handle import OffloadHandle
+from ..install import installer_for
 from ..modes.first_restores import prefetch_first_restores
-from ..modes.hidden_states import HiddenStates
-from ..modes.options import OptionError, parse
-from ..modes.selective import Selective, block_checkpoint, fits_prefetch_depth
+from ..modes.selective import block_checkpoint
 from .unwrapping import unwrap
 
 CALL = "torch_offload.integrations.gradient_checkpointing_enable"
-_MODES = {"hidden_states": HiddenStates(), "selective": Selective()}
-_RECOMPUTES_NOTHING = "offloads saved activations and recomputes nothing"
-_OTHER_MODES = {"all": _RECOMPUTES_NOTHING, "sync": _RECOMPUTES_NOTHING, "disk": _RECOMPUTES_NOTHING,
-                "true": _RECOMPUTES_NOTHING, "legacy": _RECOMPUTES_NOTHING, True: _RECOMPUTES_NOTHING,
-                "modules": "offloads the activations saved inside chosen submodules and recomputes nothing",
-                "auto": "measures its candidates with checkpoint wrappers of its own",
-                None: "offloads no activations"}
+# The modes the model's gradient checkpointing can run: those that checkpoint each layer.
+CHECKPOINTING_OPTIONS = (HiddenStatesOptions, SelectiveOptions)
 # The keywords torch_offload.checkpoint takes as torch.utils.checkpoint.checkpoint does: what
 # gradient_checkpointing_kwargs may hold (manager= is an argument of ours, not one of transformers').
 TORCH_KEYWORDS = tuple(name for name, parameter in inspect.signature(checkpoint).parameters.items()
@@ -121,15 +120,14 @@ class HFCheckpointingHandle(OffloadHandle):
     functions and flags it had) and releases our manager; stats() then returns the statistics it had
     when removed."""
 
-    def __init__(self, model: nn.Module, mode: str, manager, blocks: List[nn.Module], keywords: dict,
+    def __init__(self, model: nn.Module, config: OffloadConfig, manager, blocks: List[nn.Module], keywords: dict,
                  previous: list, was_on: bool, call: str):
-        super().__init__(model, mode, manager)
+        super().__init__(model, config)
+        self.manager = manager
         self.gradient_checkpointing_kwargs = keywords
-        self._call = call
         self._layers = list(blocks)
-        self._previous = previous  # [(module, flag, function)] before we changed them
-        self._was_on = was_on
         self._final_stats: Optional[dict] = None
+        self.push(functools.partial(restore, model, previous, was_on))  # undone last
 
     @property
     def blocks(self) -> List[nn.Module]:
@@ -140,60 +138,87 @@ class HFCheckpointingHandle(OffloadHandle):
             return dict(self._final_stats)
         return super().stats()
 
-    def disable_kv_cache(self) -> None:
-        """config.use_cache=False (a KV cache cannot be filled by a recomputed layer; transformers'
-        layers drop it at every call under checkpointing), with a warning; remove() puts the old
-        value back."""
-        config = getattr(self.model, "config", None)
-        if config is None or not getattr(config, "use_cache", False):
-            return
-        warnings.warn(f"{self._call}: setting config.use_cache=False (a KV cache cannot be filled by a recomputed "
-                      "layer); handle.remove() sets it back")
-        self._attributes.append((config, "use_cache", config.use_cache))
-        config.use_cache = False
-
     def remove(self) -> None:
-        if self._previous is None:  # removed already
-            return
-        self._final_stats = super().stats()
-        super().remove()  # the first restores' hook, config.use_cache
-        restore(self.model, self._previous, self._was_on)
-        self._previous, self._layers = None, []
+        if self.manager is not None:
+            self._final_stats = super().stats()
+        super().remove()
+        self._layers = []
         self.manager = None  # ours: no module refers to it any more
 
 
+def _why_not(options_class) -> str:
+    """Why a mode does not run through the model's gradient checkpointing."""
+    if options_class is None:
+        return "offloads no activations"
+    if options_class is ModulesOptions:
+        return "offloads the activations saved inside chosen submodules and recomputes nothing"
+    if issubclass(options_class, ActivationsOptions):
+        return "offloads saved activations and recomputes nothing"
+    if options_class is AutoOptions:
+        return "measures its candidates with checkpoint wrappers of its own"
+    return "does not checkpoint each layer"
+
+
 def check_options(mode, options: dict, call: str, manager=None, hints: Optional[dict] = None):
-    """The mode (Mode: "hidden_states" or "selective") for `mode`, after checking `options` as the
-    mode's options (without use_reentrant, which gradient_checkpointing_kwargs carries): errors name
-    `call`, the mode and the keyword."""
-    if not isinstance(mode, str) or mode not in _MODES:
-        known = isinstance(mode, (str, bool)) or mode is None
-        reason = _OTHER_MODES.get(mode) if known else None
-        if reason is None:
+    """The mode's options (HiddenStatesOptions or SelectiveOptions) for `mode` (a name, a mode's
+    options or an OffloadConfig) and keyword `options` (without use_reentrant, which
+    gradient_checkpointing_kwargs carries): errors name `call`, the mode and the keyword."""
+    if isinstance(mode, OffloadConfig) or type(mode) in MODE_OPTIONS:
+        given = mode.activations if isinstance(mode, OffloadConfig) else mode
+        if isinstance(mode, OffloadConfig):
+            parts = [name for name in ("layer_offloading", "chunked_loss", "tiling", "long_context") if getattr(mode, name)]
+            if parts:
+                raise TypeError(f"{call}: the config turns on {', '.join(parts)}, which the model's gradient "
+                                "checkpointing does not run; torch_offload.apply(model, config) does")
+        if options:
+            raise TypeError(f"{call} got keyword arguments {sorted(options)} beside a config object: put them in "
+                            "the config")
+        if type(given) not in CHECKPOINTING_OPTIONS:
+            raise ValueError(f"{call}: {type(given).__name__ if given is not None else 'activations=None'} "
+                             f"{_why_not(type(given) if given is not None else None)}, so it does not run through "
+                             "the model's gradient checkpointing, which takes mode 'hidden_states' or 'selective'")
+        if given.use_reentrant:
+            raise TypeError(f"{call}: use_reentrant comes from gradient_checkpointing_kwargs here, as in "
+                            "transformers: leave it False in the options")
+        opts = given
+    else:
+        try:
+            name = canonical_mode(mode)
+        except ValueError:
             raise ValueError(f"{call}: unknown mode {mode!r}; the model's gradient checkpointing runs mode "
-                             "'hidden_states' or 'selective'")
-        runs_it = f"; torch_offload.apply(model, {mode!r}) runs it" if mode is not None else ""
-        raise ValueError(f"{call}: mode={mode!r} {reason}, so it does not run through the model's gradient "
-                         f"checkpointing, which takes mode 'hidden_states' or 'selective'{runs_it}")
-    spec = _MODES[mode]
-    # The mode's options but those transformers' terms carry (use_reentrant) or this route has no use for.
-    refused = {name: {**_OPTION_HINTS, **(hints or {})}[name] for name in _NOT_OPTIONS}
-    hints = {**_OPTION_HINTS, **spec.hints, **(hints or {})}
-    parse(spec.options_type, options, call, f"mode={mode!r}", hints, refused=refused, extra=("manager",))
-    clashing = [key for key in options if key in spec.manager_keywords()]
-    if manager is not None and clashing:
+                             "'hidden_states' or 'selective'") from None
+        cls = options_type(name) if name is not None else None
+        if cls not in CHECKPOINTING_OPTIONS:
+            runs_it = f"; torch_offload.apply(model, {mode!r}) runs it" if mode is not None else ""
+            raise ValueError(f"{call}: mode={mode!r} {_why_not(cls)}, so it does not run through the model's "
+                             f"gradient checkpointing, which takes mode 'hidden_states' or 'selective'{runs_it}")
+        # The mode's options but those transformers' terms carry (use_reentrant) or this route has no use for.
+        refused = {name: {**_OPTION_HINTS, **(hints or {})}[name] for name in _NOT_OPTIONS}
+        opts = build_options(cls, options, call, f"mode={mode!r}", refused=refused, extra=("manager",),
+                             hints={**_OPTION_HINTS, **(hints or {})})
+    clashing = opts.manager_fields_set() if manager is not None else []
+    if clashing:
         raise ValueError(f"{call}: pass either manager= or the options that build one ({', '.join(clashing)}), "
                          "not both")
-    return spec
+    return opts
 
 
-def check_checkpoint_kwargs(kwargs, spec, where: str, call: str) -> dict:
+def with_use_reentrant(opts, keywords: dict, call: str):
+    """The options with use_reentrant as the checkpoint keywords have it, checked against the policy."""
+    try:
+        return dataclasses.replace(opts, use_reentrant=bool(keywords.get("use_reentrant")))
+    except OptionError as error:
+        raise error.naming(call) from None
+
+
+def check_checkpoint_kwargs(kwargs, opts, where: str, call: str) -> dict:
     """`kwargs` (gradient_checkpointing_kwargs, or the keywords transformers installed), checked: each
     a keyword torch_offload.checkpoint takes (in mode "selective" not context_fn: the policy is the
     context). Returns them as a dict."""
     if not isinstance(kwargs, dict):
         raise TypeError(f"{call}: {where} must be a dict, got {type(kwargs).__name__}")
-    takes = tuple(name for name in TORCH_KEYWORDS if not (spec.name == "selective" and name == "context_fn"))
+    selective = isinstance(opts, SelectiveOptions)
+    takes = tuple(name for name in TORCH_KEYWORDS if not (selective and name == "context_fn"))
     for key in kwargs:
         if key in takes:
             continue
@@ -231,16 +256,16 @@ def gradient_checkpointing_enable(model: nn.Module, mode: str = "hidden_states",
 
     `model` may be what accelerator.prepare(model) returned (the model inside is used). Sets
     config.use_cache=False, with a warning (remove() restores it)."""
-    spec = check_options(mode, options, CALL, manager)
+    opts = check_options(mode, options, CALL, manager)
     if offload:
         raise ValueError(f"{CALL}: {OFFLOAD_REFUSED}")
     if type(every_n_layers) is not int or every_n_layers < 1:
         raise ValueError(f"{CALL}: every_n_layers={every_n_layers!r}; expected an int >= 1 (1: every layer)")
     kwargs = {"use_reentrant": False} if gradient_checkpointing_kwargs is None else gradient_checkpointing_kwargs
-    kwargs = check_checkpoint_kwargs(kwargs, spec, "gradient_checkpointing_kwargs", CALL)
+    kwargs = check_checkpoint_kwargs(kwargs, opts, "gradient_checkpointing_kwargs", CALL)
     # use_reentrant against the policy now, before the model changes (_install checks again what
     # transformers installed).
-    parse(spec.options_type, dict(options, use_reentrant=bool(kwargs.get("use_reentrant"))), CALL, f"mode={mode!r}")
+    with_use_reentrant(opts, kwargs, CALL)
     inner = unwrap(model)
     enable = getattr(inner, "gradient_checkpointing_enable", None)
     if not callable(enable):
@@ -252,7 +277,7 @@ def gradient_checkpointing_enable(model: nn.Module, mode: str = "hidden_states",
     # every_n_layers only where asked for: transformers before it took the argument takes the rest.
     enable(gradient_checkpointing_kwargs=kwargs, **({"every_n_layers": every_n_layers} if every_n_layers != 1 else {}))
     try:
-        return _install(inner, spec, mode, options, manager, previous, was_on, CALL,
+        return _install(inner, opts, manager, previous, was_on, CALL,
                         "the keywords model.gradient_checkpointing_enable installed")
     except BaseException:
         restore(inner, previous, was_on)
@@ -263,7 +288,7 @@ def take_over(model: nn.Module, mode: str, call: str, where: str, manager=None, 
     """For a model whose gradient checkpointing is on already (the Trainer's: TrainingArguments(
     gradient_checkpointing=True)): the same layers, flags and keywords, with torch_offload's checkpoint
     as the function (OffloadCallback(hf_checkpointing=True)). remove() puts transformers' back."""
-    spec = check_options(mode, options, call, manager)
+    opts = check_options(mode, options, call, manager)
     inner = unwrap(model)
     previous = _free_model_state(inner, call)
     if not any(flag for _, flag, _ in previous):
@@ -271,7 +296,7 @@ def take_over(model: nn.Module, mode: str, call: str, where: str, manager=None, 
                          "it is off: set TrainingArguments(gradient_checkpointing=True) (TRL's SFTConfig has it on "
                          "by default) or call model.gradient_checkpointing_enable()")
     try:
-        return _install(inner, spec, mode, options, manager, previous, True, call, where)
+        return _install(inner, opts, manager, previous, True, call, where)
     except BaseException:
         restore(inner, previous, True)
         raise
@@ -325,34 +350,34 @@ def _checkpointed_layers(model: nn.Module) -> List[nn.Module]:
     return [module for module in flagged if isinstance(module, GradientCheckpointingLayer)] or flagged
 
 
-def _install(model, spec, mode, options, manager, previous, was_on, call, where) -> HFCheckpointingHandle:
-    keywords = check_checkpoint_kwargs(_installed_keywords(model, call), spec, where, call)
-    said = f"mode={mode!r}"
+def _install(model, opts, manager, previous, was_on, call, where) -> HFCheckpointingHandle:
+    keywords = check_checkpoint_kwargs(_installed_keywords(model, call), opts, where, call)
     # use_reentrant comes from the keywords; the mode's options check it against the policy now.
-    opts = parse(spec.options_type, dict(options, use_reentrant=bool(keywords.get("use_reentrant"))), call, said)
+    opts = with_use_reentrant(opts, keywords, call)
     layers = _checkpointed_layers(model)
+    chose_depth = manager is None and opts.prefetch_depth is None
     try:
         if manager is None:
-            manager = spec.build_manager(opts, layers)
-        functions = _functions(spec, opts, layers, manager, keywords)
+            manager = installer_for(opts).build_manager(opts, layers)
+        functions = _functions(opts, layers, manager, keywords, chose_depth)
     except OptionError as error:
-        raise error.kind(f"{call}: {error}") from None
+        raise error.naming(call) from None
     _checkpoint_functions(model, lambda module, current: functions.get(id(module), functions[None]))
-    handle = HFCheckpointingHandle(model, mode, manager, layers, keywords, previous, was_on, call)
-    handle.disable_kv_cache()
+    handle = HFCheckpointingHandle(model, OffloadConfig(opts), manager, layers, keywords, previous, was_on, call)
+    handle.disable_kv_cache(call)
     prefetch_first_restores(handle)  # the last layer's input comes back during the LM head's backward
     return handle
 
 
-def _functions(spec, opts, layers, manager, keywords) -> dict:
+def _functions(opts, layers, manager, keywords, chose_depth: bool) -> dict:
     """id(module) -> its CheckpointFunction; None -> the one for every other module."""
-    if spec.name == "hidden_states":
+    if not isinstance(opts, SelectiveOptions):
         return {None: CheckpointFunction(checkpoint, dict(keywords, manager=manager))}
     base = dict(keywords, manager=manager, min_bytes=opts.min_bytes)
-    fit = fits_prefetch_depth(manager, opts)
-    functions = {id(layer): CheckpointFunction(block_checkpoint(manager, fit), dict(base, policy=policy, block=layer))
+    functions = {id(layer): CheckpointFunction(block_checkpoint(manager, chose_depth), dict(base, policy=policy,
+                                                                                             block=layer))
                  for layer, policy in zip(layers, opts.policies_for(layers))}
-    functions[None] = CheckpointFunction(block_checkpoint(manager, fit), dict(base, policy=opts.policy_name))
+    functions[None] = CheckpointFunction(block_checkpoint(manager, chose_depth), dict(base, policy=opts.policy_name))
     return functions
 
 

@@ -12,10 +12,11 @@ from typing import Optional
 
 from transformers import TrainerCallback
 
-from ..apply import OffloadHandle, apply, read_options
-from .config import from_config
+from ..apply import apply, check_manager, read_config
+from ..config.keywords import PART_KEYWORDS
+from ..handle import OffloadHandle
+from .trainer_config import from_config
 from .hf_checkpointing import OFFLOAD_REFUSED, check_options, take_over
-from ..modes.options import APPLY_KEYWORDS
 
 # Options that mean something on the other route.
 _HF_ROUTE_HINTS = {
@@ -32,32 +33,35 @@ class OffloadCallback(TrainerCallback):
     """callbacks=[OffloadCallback("hidden_states")]: apply(model, mode, **options) for the run.
 
     `mode` and options as for torch_offload.apply (e.g. OffloadCallback("all", min_bytes=0),
-    OffloadCallback(None, layer_offloading=True)), checked when the callback is made: a wrong mode or
-    option raises here, naming it. hf_checkpointing=True (modes "hidden_states" and "selective"): the
-    Trainer's own gradient checkpointing (TrainingArguments(gradient_checkpointing=True)) runs
-    torch_offload's checkpoint, with TrainingArguments' gradient_checkpointing_kwargs and
-    every_n_layers; options as for integrations.gradient_checkpointing_enable. `handle` is the handle
-    while training runs (stats()); `stats` keeps the last run's statistics after it ended.
+    OffloadCallback(None, layer_offloading=True), or an OffloadConfig), checked when the callback is
+    made: a wrong mode or option raises here, naming it. hf_checkpointing=True (modes
+    "hidden_states" and "selective"): the Trainer's own gradient checkpointing
+    (TrainingArguments(gradient_checkpointing=True)) runs torch_offload's checkpoint, with
+    TrainingArguments' gradient_checkpointing_kwargs and every_n_layers; options as for
+    integrations.gradient_checkpointing_enable. `config` is the OffloadConfig the run applies;
+    `handle` is the handle while training runs (stats()); `stats` keeps the last run's statistics
+    after it ended.
     """
 
     def __init__(self, mode="hidden_states", *, hf_checkpointing: bool = False, **options):
         if not isinstance(hf_checkpointing, bool):
             raise TypeError(f"torch_offload.integrations.OffloadCallback: hf_checkpointing={hf_checkpointing!r}; "
                             "expected True or False")
-        call = f"torch_offload.integrations.OffloadCallback(mode={mode!r}" + (
-            ", hf_checkpointing=True)" if hf_checkpointing else ")")
-        if hf_checkpointing:
-            options_only = {k: v for k, v in options.items() if k != "manager"}
-            check_options(mode, options_only, call, options.get("manager"), _HF_ROUTE_HINTS)
-        else:  # what apply() checks before it looks at the model
-            read_options(mode, {k: v for k, v in options.items() if k not in APPLY_KEYWORDS}, options.get("manager"),
-                         call)
-        self.mode = mode
-        self.hf_checkpointing = hf_checkpointing
-        self.options = options
+        name = "torch_offload.integrations.OffloadCallback"
+        self.mode, self.hf_checkpointing, self.options = mode, hf_checkpointing, options
         self.handle: Optional[OffloadHandle] = None
         self.stats: dict = {}
-        self._call = call
+        self.config = None
+        if hf_checkpointing:
+            self._call = f"{name}(mode={mode!r}, hf_checkpointing=True)"
+            options_only = {k: v for k, v in options.items() if k != "manager"}
+            check_options(mode, options_only, self._call, options.get("manager"), _HF_ROUTE_HINTS)
+            return
+        # What apply() checks before it looks at the model, now.
+        rest = {k: v for k, v in options.items() if k not in ("blocks", "manager") + PART_KEYWORDS}
+        parts = {k: options.get(k) for k in PART_KEYWORDS}
+        self.config, self._call, _ = read_config(mode, rest, parts, name)
+        check_manager(self.config, options.get("manager"), self._call)
 
     @classmethod
     def from_config(cls, activation_offloading=None, layer_offloading: bool = False, **options):
@@ -83,13 +87,13 @@ class OffloadCallback(TrainerCallback):
                                     "TrainingArguments.gradient_checkpointing_kwargs (as the model's gradient "
                                     "checkpointing runs them)", **self.options)
             return
-        if (self.mode in ("hidden_states", "selective") and checkpoint_kwargs
+        if (self.config.mode_name in ("hidden_states", "selective") and checkpoint_kwargs
                 and getattr(args, "gradient_checkpointing", False)):
             warnings.warn(f"{self._call}: apply() replaces the model's gradient checkpointing with its own, so "
                           f"TrainingArguments(gradient_checkpointing_kwargs={checkpoint_kwargs!r}) is not used; "
-                          f"OffloadCallback({self.mode!r}, hf_checkpointing=True) runs the Trainer's checkpointing "
-                          "with them")
-        self.handle = apply(model, self.mode, **self.options)
+                          f"OffloadCallback({self.config.mode_name!r}, hf_checkpointing=True) runs the Trainer's "
+                          "checkpointing with them")
+        self.handle = apply(model, self.config, self.options.get("blocks"), self.options.get("manager"))
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.handle is not None:

@@ -26,6 +26,7 @@ from ..hooks.empty_steps import warn_nothing_offloaded
 from ..hooks.hook_scopes import HookScopes
 from .._engine.manager import OffloadManager
 from .._engine import node_budget
+from ..config.defaults import MAX_IN_FLIGHT
 from ..hooks import weight_tokens
 
 _WRAPPED = "_torch_offload_layer"  # attribute marking a block wrapped by offload_layers
@@ -274,7 +275,7 @@ def offload_layers(
     manager=None,
     host_budget_bytes: int = 0,
     node_host_budget_bytes: int = 0,
-    max_in_flight: int = 4,
+    max_in_flight: int = MAX_IN_FLIGHT,
 ) -> LayerOffloadHandle:
     """Keeps the frozen parameters of each layer in (pinned) host memory; see the module docstring.
 

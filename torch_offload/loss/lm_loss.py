@@ -142,16 +142,10 @@ def _causal_lm(model: nn.Module) -> nn.Module:
     return model
 
 
-def chunk_lm_loss(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, *,
-                  grads_in_forward: bool = False) -> ChunkedLossHandle:
-    """Makes a Hugging Face causal LM compute its training loss chunk_tokens tokens at a time
-    (chunked_causal_lm_loss): called with `labels` in training mode with grad enabled, it returns the
-    same loss (fp32 mean cross-entropy over the shifted labels that are not ignore_index, or divided
-    by num_items_in_batch) with `logits=None`; in evaluation, without grad or without labels it runs
-    unchanged. Works before or after FSDP2's fully_shard, and on a PEFT model as users hold it (its base
-    model's loss is chunked). Returns a handle; remove() undoes it.
-    grads_in_forward=True: the loss's gradients are computed in the forward (no second pass over the
-    logits in backward; one backward per forward): see chunked_loss.py."""
+def chunked_lm_loss_target(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                           grads_in_forward: bool = False):
+    """(the Hugging Face causal LM whose loss chunk_lm_loss chunks, its LM head), after checking that
+    it can: raises TypeError / ValueError saying why not. Changes nothing."""
     model = _causal_lm(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not isinstance(head, nn.Linear):
@@ -171,21 +165,18 @@ def chunk_lm_loss(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, *,
         raise ValueError("torch_offload.chunk_lm_loss: the model's loss is chunked already; call remove() first")
     if not isinstance(grads_in_forward, bool):
         raise ValueError(f"torch_offload.chunk_lm_loss: grads_in_forward={grads_in_forward!r}; expected True or False")
+    return model, head
+
+
+def chunk_lm_loss(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, *,
+                  grads_in_forward: bool = False) -> ChunkedLossHandle:
+    """Makes a Hugging Face causal LM compute its training loss chunk_tokens tokens at a time
+    (chunked_causal_lm_loss): called with `labels` in training mode with grad enabled, it returns the
+    same loss (fp32 mean cross-entropy over the shifted labels that are not ignore_index, or divided
+    by num_items_in_batch) with `logits=None`; in evaluation, without grad or without labels it runs
+    unchanged. Works before or after FSDP2's fully_shard, and on a PEFT model as users hold it (its base
+    model's loss is chunked). Returns a handle; remove() undoes it.
+    grads_in_forward=True: the loss's gradients are computed in the forward (no second pass over the
+    logits in backward; one backward per forward): see chunked_loss.py."""
+    model, head = chunked_lm_loss_target(model, chunk_tokens, grads_in_forward)
     return ChunkedLossHandle(model, head, chunk_tokens, grads_in_forward)
-
-
-def chunk_lm_loss_option(model: nn.Module, option) -> ChunkedLossHandle:
-    """apply(chunked_loss=option): True (chunks of DEFAULT_CHUNK_TOKENS), a number of tokens per
-    chunk, or a dict of chunk_lm_loss's keywords, e.g. {"grads_in_forward": True}."""
-    if option is True:
-        return chunk_lm_loss(model)
-    if isinstance(option, dict):
-        unknown = sorted(set(option) - {"chunk_tokens", "grads_in_forward"})
-        if unknown:
-            raise TypeError(f"torch_offload.apply: chunked_loss={option!r} has unknown keys {unknown}; "
-                            "expected chunk_tokens and/or grads_in_forward")
-        return chunk_lm_loss(model, **option)
-    if isinstance(option, int) and not isinstance(option, bool):
-        return chunk_lm_loss(model, option)
-    raise ValueError(f"torch_offload.apply: chunked_loss={option!r}; expected True, a number of tokens "
-                     "per chunk, or a dict such as {'chunk_tokens': 2048, 'grads_in_forward': True}")

@@ -1,14 +1,11 @@
-"""The values of apply(mode=...), one module each: a mode's options (a frozen dataclass whose fields
-are apply()'s keyword options in that mode) and what it installs on a model (mode.py: Mode).
+"""What each activation mode installs on a model (its options are data: torch_offload/config/).
 
 hidden_states.py and selective.py checkpoint each block with a wrapper of their own; activations.py
-("all", "sync", "disk") and modules.py install saved-tensor hooks; auto/ composes the wrappers of the
-checkpointing modes and measures them. apply.py maps the names to the modes.
-"""
-from .auto import AutoOptions
-from .modules import ModulesOptions
-from .options import ActivationsOptions, HiddenStatesOptions, ManagerOptions
-from .selective import SelectiveOptions
+("all", "sync", "disk") and modules.py install saved-tensor hooks; auto/ measures trials of the
+checkpointing modes. install.py maps each options class to its mode (INSTALLERS)."""
+from ..config.manager_options import ManagerOptions
+from ..config.mode_options import (ActivationsOptions, AutoOptions, DiskOptions, HiddenStatesOptions, ModulesOptions,
+                                   SelectiveOptions, SyncOptions)
 
-__all__ = ["ActivationsOptions", "AutoOptions", "HiddenStatesOptions", "ManagerOptions", "ModulesOptions",
-           "SelectiveOptions"]
+__all__ = ["ActivationsOptions", "AutoOptions", "DiskOptions", "HiddenStatesOptions", "ManagerOptions",
+           "ModulesOptions", "SelectiveOptions", "SyncOptions"]

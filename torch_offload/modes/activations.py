@@ -8,11 +8,10 @@ after every training step from the link (hooks/link_budget.py).
 from torch import nn
 
 from ..blocks import BlockForward
-from ..hooks.empty_steps import watch_model_steps
+from ..hooks.empty_steps import warn_nothing_offloaded, watch_model_steps
 from ..hooks.link_budget import watch_link
 from ..hooks.offload_hooks import offload_activations, resident_tensors
 from .mode import Mode
-from .options import ActivationsOptions
 
 
 class HookedForward(BlockForward):
@@ -32,17 +31,15 @@ class HookedForward(BlockForward):
 class Activations(Mode):
     """Modes "all", "sync" and "disk"."""
 
-    options_type = ActivationsOptions
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def manager_kwargs(self, options: ActivationsOptions, blocks) -> dict:
-        return options.activation_manager_kwargs(self.name)
-
-    def install(self, handle, blocks, options: ActivationsOptions) -> None:
+    def install(self, handle, blocks, options, manager=None) -> None:
+        if len(blocks) == 1:
+            warn_nothing_offloaded(
+                f"torch_offload.apply(mode={options.mode_name!r}): the model has one block, and the last block's "
+                "activations stay on the device (backward needs them first), so nothing is offloaded; pass more "
+                "blocks (blocks=[...]: e.g. the block's submodules) or use mode='hidden_states'")
+        handle.manager = manager if manager is not None else self.build_manager(options, blocks)
         model = handle.model
-        hooks = offload_activations(self.name, manager=handle.manager, keep=resident_tensors(model),
+        hooks = offload_activations(options.mode_name, manager=handle.manager, keep=resident_tensors(model),
                                     min_bytes=options.min_bytes, warn_on_exit=False)
         handle.on_remove(*watch_model_steps(model, hooks))
         watch_link(handle, model, options.keep_on_device_bytes == "auto")

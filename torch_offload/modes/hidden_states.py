@@ -6,7 +6,6 @@ from torch import nn
 from ..blocks import BlockForward
 from ..checkpointing.drop_in import checkpoint
 from .mode import CheckpointMode
-from .options import HiddenStatesOptions
 
 
 class CheckpointedForward(BlockForward):
@@ -23,13 +22,5 @@ class CheckpointedForward(BlockForward):
 
 
 class HiddenStates(CheckpointMode):
-    name = "hidden_states"
-    options_type = HiddenStatesOptions
-    hints = {"min_bytes": "mode='hidden_states' offloads each block's input whatever its size; min_bytes "
-                          "is for modes 'all', 'sync', 'disk' and 'modules'"}
-
-    def manager_keywords(self) -> tuple:
-        return super().manager_keywords() + ("disk_only",)
-
-    def wrappers(self, blocks, manager, options: HiddenStatesOptions):
+    def wrappers(self, blocks, manager, options, chose_depth):
         return [CheckpointedForward(block, manager, options.use_reentrant) for block in blocks]

@@ -6,30 +6,28 @@ is recomputed in backward. selective_checkpoint() is the same for one call.
 The named policies ("attention", "attention+qkv+out_proj", ...) intercept only the calls that matter
 (policies/interception.py); a policy function takes the per-op path (policies/per_op.py).
 """
-import dataclasses
 import functools
-from typing import Optional
 
 import torch
 from torch import nn
 
-from .._engine.manager import default_manager
+from .._engine.manager import OffloadManager, default_manager, register_stats_source
 from ..blocks import BlockForward
 from ..checkpointing.drop_in import checkpoint
 from ..checkpointing.reentrant import reentrant_checkpoint
 from ..policies.interception import attention_offload_contexts
-from ..policies.named import SAVES_PER_BLOCK, resolve
+from ..policies.named import SAVES_PER_BLOCK
 from ..policies.per_op import selective_offload_contexts
 from ..policies.projections import is_fast_policy, projection_groups, projection_weights, saves_per_block, split_kept
-from ..policies.store import DEFAULT_MIN_BYTES, KeptStore, OffloadStore
+from ..config.defaults import SELECTIVE_MIN_BYTES
+from ..policies.store import KeptBytes, KeptStore, OffloadStore
 from .mode import CheckpointMode
-from .options import HiddenStatesOptions, OptionError, check_int
 
 _TORCH_KEYWORDS = ("preserve_rng_state", "determinism_check", "debug", "early_stop")
 
 
-def selective_checkpoint(function, *args, policy="attention", manager=None, min_bytes=DEFAULT_MIN_BYTES,
-                         block=None, use_reentrant=False, **kwargs):
+def selective_checkpoint(function, *args, policy="attention", manager=None, min_bytes=SELECTIVE_MIN_BYTES,
+                         block=None, use_reentrant=False, kept_bytes=None, **kwargs):
     """torch_offload.checkpoint (the first tensor input offloaded, the block recomputed in backward)
     with a selective offload policy inside the block; other keywords as in torch_offload.checkpoint.
 
@@ -38,7 +36,8 @@ def selective_checkpoint(function, *args, policy="attention", manager=None, min_
     projections: `function` itself when it is an nn.Module, else `block=`. A policy function takes
     the per-op path (dispatch modes). min_bytes: smaller outputs stay on the device.
     use_reentrant=True: the reentrant variant (cheaper on the host, gradients through .backward()
-    only), for the named policies."""
+    only), for the named policies. kept_bytes: a KeptBytes that counts the products "keep_<group>"
+    groups keep on the device (mode "auto" reads it)."""
     if "context_fn" in kwargs:
         raise ValueError("torch_offload.selective_checkpoint: pass policy=, not context_fn=")
     manager = manager if manager is not None else default_manager()
@@ -60,7 +59,7 @@ def selective_checkpoint(function, *args, policy="attention", manager=None, min_
             kept_weights = projection_weights(block, kept_groups)
         store = OffloadStore(manager, min_bytes, finish_at_end=True)
         context_fn = functools.partial(attention_offload_contexts, store, weights,
-                                       KeptStore(manager) if kept_weights else None, kept_weights)
+                                       KeptStore(manager, kept_bytes) if kept_weights else None, kept_weights)
     else:
         store = None  # made per call by selective_offload_contexts
         context_fn = functools.partial(selective_offload_contexts, policy, manager, min_bytes)
@@ -76,71 +75,6 @@ def selective_checkpoint(function, *args, policy="attention", manager=None, min_
     if store is not None:
         store.finish_saves()
     return output
-
-
-@dataclasses.dataclass(frozen=True)
-class SelectiveOptions(HiddenStatesOptions):
-    """Options of mode="selective": those of "hidden_states", and
-
-    policy: which op outputs of a block are offloaded (None: "attention"): "attention" (the fused
-        attention outputs and logsumexp), "attention+<group>+..." (also the products of projection groups qkv, out_proj,
-        fc1, fc2; "keep_<group>" keeps a group's products on the device), "attention_save" (kept on
-        the device, torch's selective checkpointing), a list of ops to keep, or a torch policy
-        function.
-    block_policies: one policy per block, in the blocks' order, instead of `policy`.
-    min_bytes: smaller outputs stay on the device (default 64 KiB).
-    prefetch_depth: saves copied back ahead of need in backward (default: one block's saves, from the
-        policy, raised to what each block saves in its first training forward).
-    """
-
-    prefetch_depth: Optional[int] = None
-    policy: object = None
-    block_policies: Optional[list] = None
-    min_bytes: int = DEFAULT_MIN_BYTES
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_int("min_bytes", self.min_bytes)
-        if self.policy is not None and self.block_policies is not None:
-            raise OptionError("pass policy= (every block) or block_policies= (one per block), not both")
-        for policy in self.block_policies if isinstance(self.block_policies, (list, tuple)) else [self.policy_name]:
-            _check_policy(policy, self.use_reentrant)  # now, not at the first forward
-
-    @property
-    def policy_name(self):
-        return self.policy if self.policy is not None else "attention"
-
-    def policies_for(self, blocks) -> list:
-        """One policy per block."""
-        if self.block_policies is None:
-            return [self.policy_name] * len(blocks)
-        if not isinstance(self.block_policies, (list, tuple)) or len(self.block_policies) != len(blocks):
-            length = (len(self.block_policies) if isinstance(self.block_policies, (list, tuple))
-                      else type(self.block_policies).__name__)
-            raise OptionError(f"block_policies has {length} entries for {len(blocks)} blocks; give one policy "
-                              "per block, in the blocks' order")
-        return list(self.block_policies)
-
-
-def _check_policy(policy, use_reentrant: bool) -> None:
-    try:
-        fast = is_fast_policy(policy)  # raises for a bad projection group
-        if not fast:
-            resolve(policy)
-    except (TypeError, ValueError) as error:
-        raise OptionError(str(error), type(error)) from None
-    if use_reentrant and not fast:
-        raise OptionError(f"use_reentrant=True takes the named policies ('attention', 'attention+fc2', ...), "
-                          f"got policy={policy!r}")
-
-
-# The managers whose prefetch depth this mode chose (their ids): only those are raised by
-# FirstForwardDepth; a manager the user built, or prefetch_depth= given, keeps its depth.
-_chosen_depth = set()
-
-
-def fits_prefetch_depth(manager, options: "SelectiveOptions") -> bool:
-    return options.prefetch_depth is None and manager is not None and manager.id() in _chosen_depth
 
 
 class FirstForwardDepth:
@@ -170,7 +104,7 @@ class FirstForwardDepth:
 
 def block_checkpoint(manager, fit_prefetch_depth: bool):
     """The checkpoint function of one block: selective_checkpoint, counting the block's saves in its
-    first training forward where the mode chose the manager's depth (fits_prefetch_depth)."""
+    first training forward where the mode chose the manager's depth."""
     return FirstForwardDepth(manager) if fit_prefetch_depth else selective_checkpoint
 
 
@@ -178,43 +112,40 @@ class SelectiveForward(BlockForward):
     """A block's forward under selective_checkpoint while training with grad enabled."""
 
     def __init__(self, block: nn.Module, manager, policy, min_bytes: int, use_reentrant: bool = False,
-                 fit_prefetch_depth: bool = False):
+                 fit_prefetch_depth: bool = False, kept_bytes: KeptBytes = None):
         super().__init__(block)
         self.manager, self.policy, self.min_bytes, self.use_reentrant = manager, policy, min_bytes, use_reentrant
+        self.kept_bytes = kept_bytes
         self.checkpoint = block_checkpoint(manager, fit_prefetch_depth)
 
     def __call__(self, *args, **kwargs):
         if self.training_with_grad():
             return self.checkpoint(self.run, *args, policy=self.policy, manager=self.manager,
-                                   min_bytes=self.min_bytes, block=self.block,
-                                   use_reentrant=self.use_reentrant, **kwargs)
+                                   min_bytes=self.min_bytes, block=self.block, use_reentrant=self.use_reentrant,
+                                   kept_bytes=self.kept_bytes, **kwargs)
         return self.run(*args, **kwargs)
 
 
+def block_prefetch_depth(blocks, policies) -> int:
+    """The prefetch depth that lets backward prefetch the next block's saves, so that it never waits
+    on their copies: the most any block saves under its policy (this also fails now for a block
+    without its policy's projections). The saves counted in each block's first forward raise it
+    where a block makes more (FirstForwardDepth)."""
+    return max(saves_per_block(policy, block) if is_fast_policy(policy) else SAVES_PER_BLOCK
+               for block, policy in zip(blocks, policies))
+
+
 class Selective(CheckpointMode):
-    name = "selective"
-    options_type = SelectiveOptions
-
-    def manager_keywords(self) -> tuple:
-        return super().manager_keywords() + ("disk_only",)
-
-    def manager_kwargs(self, options: SelectiveOptions, blocks) -> dict:
+    def build_manager(self, options, blocks):
         kwargs = options.manager_kwargs()
         if options.prefetch_depth is None:
-            # Backward prefetches the next block's saves, so that it never waits on their copies (this
-            # also fails now for a block without its policy's projections). The saves counted in
-            # each block's first forward raise it where the block makes more (FirstForwardDepth).
-            kwargs["prefetch_depth"] = max(saves_per_block(policy, block) if is_fast_policy(policy) else SAVES_PER_BLOCK
-                                           for block, policy in zip(blocks, options.policies_for(blocks)))
-        return kwargs
+            kwargs["prefetch_depth"] = block_prefetch_depth(blocks, options.policies_for(blocks))
+        return OffloadManager(**kwargs)
 
-    def build_manager(self, options: SelectiveOptions, blocks):
-        manager = super().build_manager(options, blocks)
-        if options.prefetch_depth is None:
-            _chosen_depth.add(manager.id())
-        return manager
-
-    def wrappers(self, blocks, manager, options: SelectiveOptions):
-        fit = fits_prefetch_depth(manager, options)
-        return [SelectiveForward(block, manager, policy, options.min_bytes, options.use_reentrant, fit)
+    def wrappers(self, blocks, manager, options, chose_depth):
+        # The products "keep_<group>" groups keep, counted in the manager's stats (mode "auto" reads them).
+        kept_bytes = KeptBytes()
+        register_stats_source(manager, kept_bytes)
+        return [SelectiveForward(block, manager, policy, options.min_bytes, options.use_reentrant, chose_depth,
+                                 kept_bytes)
                 for block, policy in zip(blocks, options.policies_for(blocks))]

@@ -19,7 +19,8 @@ from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, Selective
 
 from .._engine.manager import default_manager
 from .named import resolve
-from .store import DEFAULT_MIN_BYTES, OffloadStore
+from ..config.defaults import SELECTIVE_MIN_BYTES
+from .store import OffloadStore
 
 _OFFLOAD = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
 
@@ -70,7 +71,7 @@ class _Modes:
         return False
 
 
-def selective_offload_contexts(policy="attention", manager=None, min_bytes=DEFAULT_MIN_BYTES,
+def selective_offload_contexts(policy="attention", manager=None, min_bytes=SELECTIVE_MIN_BYTES,
                                allow_cache_entry_mutation=False):
     """Like torch.utils.checkpoint.create_selective_checkpoint_contexts, for `context_fn=` of
     torch_offload.checkpoint (or torch's checkpoint): returns the forward and recompute contexts.

@@ -15,7 +15,6 @@ from torch.utils.checkpoint import CheckpointPolicy
 from .._engine.dispatch_modes import outside_dispatch_modes
 from .._engine.layouts import Packed, compact_recipe, compact_with, rebuild
 
-DEFAULT_MIN_BYTES = 1 << 16  # smaller outputs (dropout seeds, empty masks) stay on the device
 
 
 class OffloadStore:
@@ -103,20 +102,27 @@ class OffloadStore:
         return restored
 
 
-_bytes_kept = [0]  # every byte a KeptStore held, in this process (mode="auto" reads it per step)
+class KeptBytes:
+    """The bytes of products KeptStores kept on the device, as a stats source of their manager
+    (stats()["policy_kept_bytes"]: manager.register_stats_source)."""
 
+    def __init__(self):
+        self.bytes = 0
 
-def bytes_kept() -> int:
-    """Bytes of products kept on the device by "keep_<group>" policies so far, in this process."""
-    return _bytes_kept[0]
+    def snapshot(self) -> dict:
+        return {"policy_kept_bytes": self.bytes}
+
+    def reset(self) -> None:
+        self.bytes = 0
 
 
 class KeptStore(OffloadStore):
     """The outputs a policy keeps on the device ("keep_<group>" projection groups): aliases of them,
     no copy, handed back in the recompute unless something modified them in place meanwhile."""
 
-    def __init__(self, manager):
+    def __init__(self, manager, kept_bytes: KeptBytes = None):
         super().__init__(manager, min_bytes=0)
+        self.kept_bytes = kept_bytes  # counts what pack() keeps, where given
         self._last = None  # the _KeptTensor packed last, for watch()
 
     # Held: an alias without autograd history (the op's own output gets the forward's grad_fn, and
@@ -125,7 +131,8 @@ class KeptStore(OffloadStore):
     def pack(self, value):
         if not isinstance(value, torch.Tensor):
             return value
-        _bytes_kept[0] += value.numel() * value.element_size()
+        if self.kept_bytes is not None:
+            self.kept_bytes.bytes += value.numel() * value.element_size()
         self._last = _KeptTensor(value.detach())
         return self._last
 

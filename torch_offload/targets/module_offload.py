@@ -25,6 +25,7 @@ from ..copies import NotPicklable, copy_attributes
 from ..hooks.empty_steps import watch_model_steps
 from ..hooks.hook_scopes import HookScopes
 from .._engine.manager import stats as manager_stats
+from ..config.defaults import ACTIVATIONS_MIN_BYTES, MODULES_PREFETCH_DEPTH
 from .selection import ModuleSelection, Target, plan_modules
 
 _OFF = object()  # a selected module running in eval or without grad: nothing offloaded inside
@@ -93,15 +94,10 @@ class ModuleOffloadHandle(NotPicklable):
         self._scopes.exit()
 
 
-# Copies restored ahead of need in backward. A selected attention saves 5-6 copies per layer, so
-# with 4 (the hooks' default) each layer's first restore was issued on demand; 8 was the fastest of
-# 4 / 8 / 16 / 32 on the reference model (docs/performance.md, "modules"), and the peak does not
-# depend on it (it comes at the end of forward).
-PREFETCH_DEPTH = 8
 
 
 def offload_modules(model: nn.Module, targets: Iterable[Target] = (), *, presets: Iterable[str] = (),
-                    min_bytes: int = 1 << 20, manager=None, prefetch_depth: int = PREFETCH_DEPTH,
+                    min_bytes: int = ACTIVATIONS_MIN_BYTES, manager=None, prefetch_depth: int = MODULES_PREFETCH_DEPTH,
                     **manager_options) -> ModuleOffloadHandle:
     """Offloads the activations saved inside the submodules `targets` and `presets` select (see
     select_modules, presets.PRESETS) in "all" mode: asynchronous, bounded copies, prefetched

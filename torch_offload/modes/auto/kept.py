@@ -11,13 +11,14 @@ peak (docs/performance.md, "auto").
 next_kept_trial() plans those trials from auto's rows: the first from the fastest fitting row without
 a tail, as many blocks as the early phase's room takes at an estimate of 8 block inputs per block
 (Llama keeps 5.5-7: two products of 2.75-3.5x the hidden size); the next by the bytes per block
-measured (policies/store.bytes_kept) and the room or the excess measured, as the unchecked tail does.
+measured (stats()["policy_kept_bytes"], policies/store.py) and the room or the excess measured, as the unchecked tail does.
 """
 import math
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 from ...policies.projections import projection_groups, projection_weights, split_kept
 from .tail import TAIL_MARGIN, block_input_gb
+from .trials import Trial, TrialResult
 
 KEPT_GROUP = "keep_fc1"
 KEPT_TRIES = 3  # trials with kept products, at most
@@ -53,43 +54,39 @@ def block_policies(candidate: str, n_blocks: int, kept_blocks: int) -> List[str]
     return [policy] * (n_blocks - kept_blocks) + [kept_policy(candidate)] * kept_blocks
 
 
-def _early(row: dict) -> Optional[float]:
-    return row.get("early_peak_GB")
-
-
-def next_kept_trial(plan: List[dict], budget_gb: float, n_blocks: int, eligible) -> Optional[Tuple]:
-    """(candidate, keep_on_device_bytes, 0, kept_blocks) for auto's next trial with kept products,
-    or None. `eligible(candidate)`: whether its blocks have up/gate projections to keep."""
-    kept = [r for r in plan if r.get("kept_mlp_blocks")]
+def next_kept_trial(results: List[TrialResult], budget_gb: float, n_blocks: int, eligible) -> Optional[Trial]:
+    """Auto's next trial with kept products, or None. `eligible(candidate)`: whether its blocks have
+    up/gate projections to keep."""
+    kept = [r for r in results if r.kept_mlp_blocks]
     if len(kept) >= KEPT_TRIES:
         return None
     if not kept:
-        rows = [r for r in plan if r["peak_allocated_GB"] <= budget_gb and not r["tail_blocks"]
-                and kept_policy(r["candidate"]) and eligible(r["candidate"]) and _early(r) is not None]
+        rows = [r for r in results if r.peak_allocated_gb <= budget_gb and not r.tail_blocks
+                and kept_policy(r.candidate) and eligible(r.candidate) and r.early_peak_gb is not None]
         if not rows:
             return None
-        base = min(rows, key=lambda r: r["step_s"])
-        per_block = BLOCK_INPUTS_PER_BLOCK * block_input_gb(plan, n_blocks)
+        base = min(rows, key=lambda r: r.step_s)
+        per_block = BLOCK_INPUTS_PER_BLOCK * block_input_gb(results, n_blocks)
         if per_block <= 0:
             return None
-        blocks = min(n_blocks, math.floor((budget_gb - _early(base)) * (1 - TAIL_MARGIN) / per_block))
-        return (base["candidate"], base["keep_on_device_bytes"], 0, blocks) if blocks > 0 else None
+        blocks = min(n_blocks, math.floor((budget_gb - base.early_peak_gb) * (1 - TAIL_MARGIN) / per_block))
+        return Trial(base.candidate, base.keep_on_device_bytes, 0, blocks) if blocks > 0 else None
     last = kept[-1]
-    base = min((r for r in plan if r["candidate"] == last["candidate"] and not r["tail_blocks"]
-                and not r.get("kept_mlp_blocks")), key=lambda r: r["step_s"])
-    within = last["peak_allocated_GB"] <= budget_gb
-    if within and last["step_s"] >= base["step_s"]:
+    base = min((r for r in results if r.candidate == last.candidate and not r.tail_blocks and not r.kept_mlp_blocks),
+               key=lambda r: r.step_s)
+    within = last.peak_allocated_gb <= budget_gb
+    if within and last.step_s >= base.step_s:
         return None  # keeping does not pay here
-    per_block = last.get("kept_GB", 0) / last["kept_mlp_blocks"]
+    per_block = last.kept_gb / last.kept_mlp_blocks
     if per_block <= 0:
         return None
     if not within:
-        blocks = last["kept_mlp_blocks"] - math.ceil((last["peak_allocated_GB"] - budget_gb) * (1 + TAIL_MARGIN) / per_block)
-    elif _early(last) is not None:
-        blocks = last["kept_mlp_blocks"] + math.floor((budget_gb - _early(last)) * (1 - TAIL_MARGIN) / per_block)
+        blocks = last.kept_mlp_blocks - math.ceil((last.peak_allocated_gb - budget_gb) * (1 + TAIL_MARGIN) / per_block)
+    elif last.early_peak_gb is not None:
+        blocks = last.kept_mlp_blocks + math.floor((budget_gb - last.early_peak_gb) * (1 - TAIL_MARGIN) / per_block)
     else:
         return None
     blocks = max(0, min(blocks, n_blocks))
-    if blocks == 0 or blocks in {r["kept_mlp_blocks"] for r in kept}:
+    if blocks == 0 or blocks in {r.kept_mlp_blocks for r in kept}:
         return None
-    return (last["candidate"], last["keep_on_device_bytes"], 0, blocks)
+    return Trial(last.candidate, last.keep_on_device_bytes, 0, blocks)

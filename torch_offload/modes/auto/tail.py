@@ -10,15 +10,15 @@ TailProbe measures, on CUDA, in each trial step:
   last checkpointed block (the last block without a tail; the one before the tail with one) has
   finished: what a tail and a window of kept saves add to;
 - a tail block's footprint: the allocated memory its forward adds (every activation it keeps).
-next_tail_trial() turns them, with auto's plan, into the next trial.
+next_tail_trial() turns them, with auto's results, into the next trial.
 """
 import math
-from typing import Iterable, List, Optional, Tuple
+from typing import Iterable, List, Optional
 
 import torch
 from torch import nn
 
-GB = 1e9
+from .trials import GB, Trial, TrialResult
 TAIL_MARGIN = 0.1  # of the room under the budget, left for what the measured peaks do not show
 TAIL_TRIES = 4  # trials with an unchecked tail, at most
 
@@ -107,39 +107,38 @@ def window_for_one_more_block(budget_gb: float, early_peak_gb: Optional[float], 
     return int(keep_bytes - missing * GB)
 
 
-def block_input_gb(plan: List[dict], n_blocks: int) -> float:
+def block_input_gb(results: List[TrialResult], n_blocks: int) -> float:
     """A block input's bytes: what hidden_states offloaded per block, else the least any offloading
     candidate did (an upper bound)."""
-    rows = [r for r in plan if r["bytes_to_host"] and not r["keep_on_device_bytes"] and not r["tail_blocks"]]
-    hidden = [r for r in rows if r["candidate"] == "hidden_states"]
-    return min((r["bytes_to_host"] / n_blocks for r in hidden or rows), default=0) / GB
+    rows = [r for r in results if r.bytes_to_host and not r.keep_on_device_bytes and not r.tail_blocks]
+    hidden = [r for r in rows if r.candidate == "hidden_states"]
+    return min((r.bytes_to_host / n_blocks for r in hidden or rows), default=0) / GB
 
 
-def next_tail_trial(plan: List[dict], budget_gb: float, n_blocks: int, device_gb: float) -> Optional[Tuple]:
-    """(candidate, keep_on_device_bytes, tail) for auto's next tail trial from its plan (rows with
-    measured peaks), or None: the first grows from the fastest row within the budget; the next ones
-    move its length by the room or the excess measured, or trade part of the window for a block."""
-    tails = [r for r in plan if r["tail_blocks"]]
+def next_tail_trial(results: List[TrialResult], budget_gb: float, n_blocks: int, device_gb: float) -> Optional[Trial]:
+    """Auto's next trial with an unchecked tail from its results (with measured peaks), or None: the
+    first grows from the fastest result within the budget; the next ones move its length by the room
+    or the excess measured, or trade part of the window for a block."""
+    tails = [r for r in results if r.tail_blocks]
     if len(tails) >= TAIL_TRIES:
         return None
     if not tails:
-        fitting = [r for r in plan if r["peak_allocated_GB"] <= budget_gb]
+        fitting = [r for r in results if r.peak_allocated_gb <= budget_gb]
         if not fitting:
             return None
-        base = min(fitting, key=lambda r: r["step_s"])
-        tail = first_tail(budget_gb, base.get("early_peak_GB"), device_gb, block_input_gb(plan, n_blocks), n_blocks)
-        return (base["candidate"], base["keep_on_device_bytes"], tail) if tail else None
+        base = min(fitting, key=lambda r: r.step_s)
+        tail = first_tail(budget_gb, base.early_peak_gb, device_gb, block_input_gb(results, n_blocks), n_blocks)
+        return Trial(base.candidate, base.keep_on_device_bytes, tail) if tail else None
     last = tails[-1]
-    base = min((r for r in plan if not r["tail_blocks"] and r["candidate"] == last["candidate"]),
-               key=lambda r: r["step_s"])
-    within = last["peak_allocated_GB"] <= budget_gb
-    if within and last["step_s"] >= base["step_s"]:
+    base = min((r for r in results if not r.tail_blocks and r.candidate == last.candidate), key=lambda r: r.step_s)
+    within = last.peak_allocated_gb <= budget_gb
+    if within and last.step_s >= base.step_s:
         return None  # the tail does not pay here (a step bound by the host, not by recompute)
-    keep = last["keep_on_device_bytes"]
-    tail = next_tail(budget_gb, last["tail_blocks"], last["peak_allocated_GB"], last.get("early_peak_GB"),
-                     last.get("tail_block_GB"), n_blocks, [r["tail_blocks"] for r in tails])
-    if not tail and within and last["tail_blocks"] + 1 < n_blocks:  # one more block for part of the window
-        smaller = window_for_one_more_block(budget_gb, last.get("early_peak_GB"), last.get("tail_block_GB"), keep)
+    keep = last.keep_on_device_bytes
+    tail = next_tail(budget_gb, last.tail_blocks, last.peak_allocated_gb, last.early_peak_gb, last.tail_block_gb,
+                     n_blocks, [r.tail_blocks for r in tails])
+    if not tail and within and last.tail_blocks + 1 < n_blocks:  # one more block for part of the window
+        smaller = window_for_one_more_block(budget_gb, last.early_peak_gb, last.tail_block_gb, keep)
         if smaller is not None:
-            tail, keep = last["tail_blocks"] + 1, smaller
-    return (last["candidate"], keep, tail) if tail else None
+            tail, keep = last.tail_blocks + 1, smaller
+    return Trial(last.candidate, keep, tail) if tail else None

@@ -1,23 +1,12 @@
 """The values trainer configs use for activation offloading, as apply() arguments.
 
 axolotl: `activation_offloading: true | legacy | disk | hidden_states` (and false / absent), plus
-`layer_offloading: true`; TRL: `activation_offloading=True`. Mapped to our modes:
-true -> "all", legacy -> "sync", disk -> "disk", hidden_states -> "hidden_states".
+`layer_offloading: true`; TRL: `activation_offloading=True`. The mode names and aliases are the one
+table of config/aliases.py (true -> "all", legacy -> "sync"); false and absent mean off.
 """
-from typing import Optional
+from ..config.mode_options import canonical_mode, mode_names
 
-_ACTIVATION_OFFLOADING = {
-    True: "all",
-    "true": "all",
-    "all": "all",
-    "legacy": "sync",
-    "sync": "sync",
-    "disk": "disk",
-    "hidden_states": "hidden_states",
-    False: None,
-    "false": None,
-    None: None,
-}
+_OFF = (False, "false", None)  # activation_offloading: false, or absent
 
 
 def from_config(activation_offloading=None, layer_offloading: bool = False) -> dict:
@@ -27,11 +16,15 @@ def from_config(activation_offloading=None, layer_offloading: bool = False) -> d
     config key for an unknown value, and when neither kind of offloading is on.
     """
     key = activation_offloading.lower() if isinstance(activation_offloading, str) else activation_offloading
-    if key not in _ACTIVATION_OFFLOADING:
-        known = ", ".join(repr(k) for k in _ACTIVATION_OFFLOADING if isinstance(k, str))
-        raise ValueError(f"torch_offload.integrations.from_config: unknown activation_offloading="
-                         f"{activation_offloading!r}; expected True, False or one of {known}")
-    mode: Optional[str] = _ACTIVATION_OFFLOADING[key]
+    if key in _OFF:
+        mode = None
+    else:
+        try:
+            mode = canonical_mode(key)
+        except ValueError:
+            known = ", ".join(repr(name) for name in mode_names() + ("false",))
+            raise ValueError(f"torch_offload.integrations.from_config: unknown activation_offloading="
+                             f"{activation_offloading!r}; expected True, False or one of {known}") from None
     if not isinstance(layer_offloading, bool):
         raise ValueError(f"torch_offload.integrations.from_config: layer_offloading must be true or "
                          f"false, got {layer_offloading!r}")

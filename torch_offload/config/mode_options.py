@@ -1,0 +1,305 @@
+"""The options of each activation mode: a frozen dataclass per mode whose fields are the keyword
+options apply() takes in that mode, and the table of modes by name (MODE_OPTIONS). `mode_name` is
+the name apply(mode=...) gives it, `summary` what the mode does in a line, `hints` why a keyword a
+user may expect is not one of its options.
+
+HiddenStatesOptions and ActivationsOptions are the bases of SelectiveOptions and of the modes "sync",
+"disk" and "modules"."""
+import dataclasses
+from typing import ClassVar, Dict, Optional
+
+from .._engine.manager import DEFAULT_DISK_DIR
+from ..policies.named import resolve
+from ..policies.projections import is_fast_policy
+from .errors import OptionTypeError, OptionValueError, check_bool, check_int
+from .aliases import ALIASES, unalias
+from .defaults import ACTIVATIONS_MIN_BYTES, MAX_IN_FLIGHT, MODULES_PREFETCH_DEPTH, SELECTIVE_MIN_BYTES
+from .manager_options import ManagerOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class HiddenStatesOptions(ManagerOptions):
+    """Options of mode="hidden_states" (and the manager fields of ManagerOptions).
+
+    prefetch_depth: block inputs copied back ahead of need in backward (default 1).
+    disk_only: every block input goes to disk_dir (the disk tier), not host memory.
+    use_reentrant: our reentrant checkpoint (cheaper on the host; gradients through .backward()
+        only) instead of the non-reentrant one.
+    """
+
+    mode_name: ClassVar[str] = "hidden_states"
+    summary: ClassVar[str] = "checkpointing, each block's input offloaded"
+    hints: ClassVar[Dict[str, str]] = {
+        "min_bytes": "mode='hidden_states' offloads each block's input whatever its size; min_bytes is for modes "
+                     "'all', 'sync', 'disk' and 'modules'"}
+    manager_fields = ManagerOptions.manager_fields + ("disk_only",)
+
+    prefetch_depth: int = 1
+    disk_only: bool = False
+    use_reentrant: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_bool("disk_only", self.disk_only)
+        check_bool("use_reentrant", self.use_reentrant)
+
+    def manager_kwargs(self) -> dict:
+        return dict(super().manager_kwargs(), disk_only=self.disk_only)
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectiveOptions(HiddenStatesOptions):
+    """Options of mode="selective": those of "hidden_states", and
+
+    policy: which op outputs of a block are offloaded (None: "attention"): "attention" (the fused
+        attention outputs and logsumexp), "attention+<group>+..." (also the products of projection
+        groups qkv, out_proj, fc1, fc2; "keep_<group>" keeps a group's products on the device),
+        "attention_save" (kept on the device, torch's selective checkpointing), a list of ops to
+        keep, or a torch policy function.
+    block_policies: one policy per block, in the blocks' order, instead of `policy`.
+    min_bytes: smaller outputs stay on the device (default 64 KiB).
+    prefetch_depth: saves copied back ahead of need in backward (default: one block's saves, from the
+        policy, raised to what each block saves in its first training forward).
+    """
+
+    mode_name: ClassVar[str] = "selective"
+    summary: ClassVar[str] = "checkpointing, block inputs and the op outputs a policy names offloaded"
+    hints: ClassVar[Dict[str, str]] = {}
+
+    prefetch_depth: Optional[int] = None
+    policy: object = None
+    block_policies: Optional[list] = None
+    min_bytes: int = SELECTIVE_MIN_BYTES
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_int("min_bytes", self.min_bytes)
+        if self.policy is not None and self.block_policies is not None:
+            raise OptionValueError("pass policy= (every block) or block_policies= (one per block), not both")
+        policies = self.block_policies if isinstance(self.block_policies, (list, tuple)) else [self.policy_name]
+        for policy in policies:
+            _check_policy(policy, self.use_reentrant)
+
+    @property
+    def policy_name(self):
+        return self.policy if self.policy is not None else "attention"
+
+    def policies_for(self, blocks) -> list:
+        """One policy per block."""
+        if self.block_policies is None:
+            return [self.policy_name] * len(blocks)
+        if not isinstance(self.block_policies, (list, tuple)) or len(self.block_policies) != len(blocks):
+            length = (len(self.block_policies) if isinstance(self.block_policies, (list, tuple))
+                      else type(self.block_policies).__name__)
+            raise OptionValueError(f"block_policies has {length} entries for {len(blocks)} blocks; give one policy "
+                                   "per block, in the blocks' order")
+        return list(self.block_policies)
+
+
+def _check_policy(policy, use_reentrant: bool) -> None:
+    try:
+        fast = is_fast_policy(policy)  # raises for a bad projection group
+        if not fast:
+            resolve(policy)
+    except (TypeError, ValueError) as error:
+        raise (OptionTypeError if isinstance(error, TypeError) else OptionValueError)(str(error)) from None
+    if use_reentrant and not fast:
+        raise OptionValueError(f"use_reentrant=True takes the named policies ('attention', 'attention+fc2', ...), "
+                               f"got policy={policy!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationsOptions(ManagerOptions):
+    """Options of mode="all" (alias "true") and, through SyncOptions and DiskOptions, of "sync" and
+    "disk" (and the manager fields of ManagerOptions).
+
+    min_bytes: saved tensors smaller than this stay on the device (default 1 MiB; a training step
+        that offloads nothing warns, NothingOffloadedWarning).
+    prefetch_depth: saves copied back ahead of need in backward (default 4; "sync" does not prefetch).
+    keep_on_device_bytes: as ManagerOptions; "auto" (modes "all" and "modules") sizes the window from
+        the link after every training step.
+    disk_dir: where "disk" writes (default: a torch_offload folder in the system's temp dir) and where
+        "all" spills beyond host_budget_bytes.
+    """
+
+    mode_name: ClassVar[str] = "all"
+    summary: ClassVar[str] = "every saved activation of at least min_bytes offloaded, no recompute"
+    hints: ClassVar[Dict[str, str]] = {}
+    # Whether keep_on_device_bytes="auto" (sized from the link each step) is taken.
+    sizes_window_from_link: ClassVar[bool] = True
+
+    prefetch_depth: int = 4
+    min_bytes: int = ACTIVATIONS_MIN_BYTES
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_int("min_bytes", self.min_bytes)
+        if self.keep_on_device_bytes == "auto" and not self.sizes_window_from_link:
+            raise OptionValueError("keep_on_device_bytes='auto' sizes the window from the link each step in modes "
+                                   "'all' and 'modules'; here pass a number of bytes (mode='auto' sizes it for the "
+                                   "checkpointing modes)")
+
+    def manager_kwargs(self) -> dict:
+        kwargs = super().manager_kwargs()
+        if kwargs["keep_on_device_bytes"] == "auto":
+            kwargs["keep_on_device_bytes"] = 0  # LinkBudget sets it after each step
+        return kwargs
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncOptions(ActivationsOptions):
+    """Options of mode="sync" (alias "legacy"): those of "all"; every copy completes before forward
+    goes on, and nothing is prefetched."""
+
+    mode_name: ClassVar[str] = "sync"
+    summary: ClassVar[str] = "all, each copy finished before the save returns"
+    sizes_window_from_link: ClassVar[bool] = False
+
+    def manager_kwargs(self) -> dict:
+        return dict(super().manager_kwargs(), synchronous=True, prefetch_depth=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiskOptions(ActivationsOptions):
+    """Options of mode="disk": those of "all"; every activation goes to files in disk_dir (default:
+    a torch_offload folder in the system's temp dir)."""
+
+    mode_name: ClassVar[str] = "disk"
+    summary: ClassVar[str] = "all, every saved activation written to disk_dir"
+    sizes_window_from_link: ClassVar[bool] = False
+
+    def manager_kwargs(self) -> dict:
+        return dict(super().manager_kwargs(), disk_only=True, disk_dir=self.disk_dir or DEFAULT_DISK_DIR)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModulesOptions(ActivationsOptions):
+    """Options of mode="modules": those of "all", and
+
+    targets: fnmatch patterns on qualified module names ("*.self_attn") or module classes.
+    presets: named module groups (targets/presets.py: core_attn, qkv, out_proj, attn, fc1, fc2, mlp,
+        moe_router, moe_experts). At least one of targets and presets.
+    prefetch_depth: saves copied back ahead of need in backward (default 8: a selected attention
+        makes 5-6 copies per layer).
+    """
+
+    mode_name: ClassVar[str] = "modules"
+    summary: ClassVar[str] = "the activations saved inside chosen submodules offloaded, no recompute"
+
+    targets: object = None
+    presets: object = None
+    prefetch_depth: int = MODULES_PREFETCH_DEPTH
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.targets and not self.presets:
+            raise OptionValueError("mode='modules' needs targets=[name patterns or module classes] and/or "
+                                   "presets=[preset names, e.g. 'qkv', 'core_attn']")
+
+
+# What mode "auto" measures (those whose projections the blocks have, by default). "checkpointing"
+# (torch's checkpoint, nothing offloaded) is one because where the step is bound by the host (short
+# sequences) it can be the fastest, and auto should never lose to it.
+AUTO_CANDIDATES = ("hidden_states", "selective:attention", "selective:attention+qkv+out_proj", "checkpointing")
+
+
+def is_auto_candidate(candidate) -> bool:
+    if candidate in AUTO_CANDIDATES:
+        return True
+    kind, _, policy = str(candidate).partition(":")
+    try:
+        return kind == "selective" and is_fast_policy(policy)
+    except ValueError:
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoOptions:
+    """Options of mode="auto".
+
+    memory_budget_gb: the peak allocated memory a candidate may reach (default: torch
+        checkpointing's, measured in its trial).
+    trial_steps: training steps per candidate (the first warms up, the others are timed).
+    candidates: what to try, from "hidden_states", "selective:attention",
+        "selective:attention+qkv+out_proj", "checkpointing" or "selective:<named policy>" (default:
+        those whose projections the blocks have).
+    max_in_flight, host_budget_bytes: of each candidate's manager (see ManagerOptions).
+    use_reentrant: every candidate in its reentrant variant (ours and torch's).
+    """
+
+    mode_name: ClassVar[str] = "auto"
+    summary: ClassVar[str] = "trial steps of the checkpointing modes, then the fastest within the memory budget"
+    hints: ClassVar[Dict[str, str]] = {
+        "prefetch_depth": "mode='auto' sets each candidate's prefetch depth",
+        "policy": "mode='auto' tries the selective policies itself (candidates=)",
+        "keep_on_device_bytes": "mode='auto' sizes it from the memory left under memory_budget_gb"}
+    manager_fields: ClassVar[tuple] = ("max_in_flight", "host_budget_bytes")
+
+    memory_budget_gb: Optional[float] = None
+    trial_steps: int = 3
+    candidates: Optional[tuple] = None
+    max_in_flight: int = MAX_IN_FLIGHT
+    host_budget_bytes: int = 0
+    use_reentrant: bool = False
+
+    def __post_init__(self):
+        check_bool("use_reentrant", self.use_reentrant)
+        check_int("max_in_flight", self.max_in_flight)
+        check_int("host_budget_bytes", self.host_budget_bytes)
+        if not isinstance(self.trial_steps, int) or self.trial_steps < 1:
+            raise OptionValueError(f"trial_steps={self.trial_steps!r}; expected an int >= 1")
+        if self.memory_budget_gb is not None and not self.memory_budget_gb > 0:
+            raise OptionValueError(f"memory_budget_gb={self.memory_budget_gb!r}; expected a number > 0")
+        if self.candidates is not None:
+            candidates = tuple(self.candidates)
+            if not candidates or not all(is_auto_candidate(c) for c in candidates):
+                raise OptionValueError(f"candidates={list(candidates)!r}; choose from {AUTO_CANDIDATES} (or "
+                                       "'selective:' with another named policy, e.g. 'selective:attention+fc2')")
+            object.__setattr__(self, "candidates", candidates)
+
+    def manager_fields_set(self) -> list:
+        return [name for name in self.manager_fields if getattr(self, name) != getattr(type(self), name)]
+
+
+# The table of modes: each mode's name is its options class's `mode_name`; the names trainer configs
+# use are aliases of them (aliases.py). apply(), OffloadCallback, gradient_checkpointing_enable,
+# compile, offload_activations, integrations.from_config and the bench CLI look names up here.
+MODE_OPTIONS = (HiddenStatesOptions, SelectiveOptions, ActivationsOptions, SyncOptions, DiskOptions, ModulesOptions,
+                AutoOptions)
+OPTIONS_BY_NAME = {options.mode_name: options for options in MODE_OPTIONS}
+
+
+def mode_names() -> tuple:
+    """Every name a mode is asked for by: the modes' own, then the aliases that are strings."""
+    return tuple(OPTIONS_BY_NAME) + tuple(alias for alias in ALIASES if isinstance(alias, str))
+
+
+def canonical_mode(mode) -> Optional[str]:
+    """The mode's own name for `mode` (a name in any case, an alias, True), or None for None. Raises
+    ValueError naming the modes for anything else."""
+    if mode is None:
+        return None
+    name = unalias(mode)
+    if isinstance(name, str) and name in OPTIONS_BY_NAME:
+        return name
+    raise ValueError(f"unknown mode {mode!r}; expected one of {mode_names()} or None")
+
+
+def options_type(mode):
+    """The options class of `mode` (any name canonical_mode takes)."""
+    return OPTIONS_BY_NAME[canonical_mode(mode)]
+
+
+def options_taken_by() -> dict:
+    """option name -> the modes that take it (for "x is for mode='selective'")."""
+    taken = {}
+    for options in MODE_OPTIONS:
+        for field in dataclasses.fields(options):
+            taken.setdefault(field.name, []).append(options.mode_name)
+    return taken
+
+
+__all__ = ["AUTO_CANDIDATES", "ActivationsOptions", "AutoOptions", "DiskOptions",
+           "HiddenStatesOptions", "MODE_OPTIONS", "ModulesOptions", "OPTIONS_BY_NAME",
+           "SelectiveOptions", "SyncOptions", "canonical_mode", "is_auto_candidate", "mode_names", "options_taken_by",
+           "options_type"]
