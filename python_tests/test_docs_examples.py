@@ -30,8 +30,8 @@ The stand-ins, all on CPU and small enough that the whole file runs in a few min
 - A checkpoint a block loads with `from_pretrained` (transformers' Auto classes and models,
   diffusers' models, and the tokenizer or processor of the same name) is built from CHECKPOINTS
   below: a small random model of the same class, in the dtype the block asks for. A name missing from CHECKPOINTS fails the block, naming it (nothing is downloaded).
-- On a machine without CUDA, `.cuda()` of modules and tensors returns them unchanged, so a block
-  written for a GPU runs on CPU. Nothing else about devices is changed.
+- `.cuda()` of modules and tensors returns them unchanged, so a block written for a GPU runs on CPU
+  (with or without a GPU on the machine, the blocks run on CPU). Nothing else about devices changes.
 - The namespace holds the builders of STAND_INS (`tiny_llama()`, `tiny_batch(model)`, ...), which
   the pages' setup code calls to make the `model`, `batch` and `loader` their blocks use.
 
@@ -355,8 +355,9 @@ TOKENIZERS = {"meta-llama/Llama-3.2-1B": tiny_tokenizer}
 class StandIns:
     """The builders a page's setup code calls; those that hold resources release them after the block."""
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, monkeypatch):
         self.tmp_path = tmp_path
+        self.monkeypatch = monkeypatch
         self.finalizers = []
 
     def single_process_group(self):
@@ -369,6 +370,8 @@ class StandIns:
             port = s.getsockname()[1]
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
         self.finalizers.append(dist.destroy_process_group)
+        # fully_shard's default mesh is on the accelerator where there is one; the blocks run on CPU.
+        self.monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cpu"))
 
     def namespace(self):
         names = {name: globals()[name] for name in STAND_INS}
@@ -419,10 +422,13 @@ def _stand_ins(monkeypatch):
         monkeypatch.setattr(diffusers.ModelMixin, "from_pretrained", _from_checkpoint("checkpoint", CHECKPOINTS))
     except ImportError:
         pass
-    if not torch.cuda.is_available():
-        monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, device=None: self)
-        monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
-    yield
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, device=None: self)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
+    try:
+        yield
+    finally:
+        if "accelerate.state" in sys.modules:  # an Accelerator made by a block is process-wide state
+            sys.modules["accelerate.state"].AcceleratorState._reset_state(True)
 
 
 # --- Running the blocks. ---
@@ -471,7 +477,8 @@ def _module(block, monkeypatch):
     return module.__dict__
 
 
-_NAMESPACES = {}  # block id -> the namespace it left, for a block that continues it
+_NAMESPACES = {}  # block id -> the namespace it left, kept for the block that continues it
+_CONTINUED = {page.blocks[i - 1].id for page in PAGES for i, b in enumerate(page.blocks) if b.continues}
 
 
 def _namespace_for(block, page, stand_ins, monkeypatch):
@@ -507,7 +514,8 @@ def _run(block, page, stand_ins, monkeypatch):
         _exec(code, block, namespace, "code")
         for check in block.checks:
             _exec(check, block, namespace, "check")
-    _NAMESPACES[block.id] = namespace
+    if block.id in _CONTINUED:
+        _NAMESPACES[block.id] = namespace
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
@@ -516,7 +524,7 @@ def test_docs_block_runs(block, tmp_path, monkeypatch):
         _REPORT["skipped"].append((block.id, block.skip))
         pytest.skip(block.skip)
     monkeypatch.chdir(tmp_path)
-    stand_ins = StandIns(tmp_path)
+    stand_ins = StandIns(tmp_path, monkeypatch)
     try:
         with _stand_ins(monkeypatch), warnings.catch_warnings():
             # A block that offloads nothing on its stand-ins shows nothing: that is a failure here.
@@ -526,6 +534,8 @@ def test_docs_block_runs(block, tmp_path, monkeypatch):
     finally:
         for finalize in reversed(stand_ins.finalizers):
             finalize()
+        if "compile" in block.code:
+            torch._dynamo.reset()  # the graphs compiled for the block's stand-ins
     _REPORT["signatures" if block.signature else "ran"].append(block.id)
 
 
