@@ -483,7 +483,7 @@ _CONTINUED = {page.blocks[i - 1].id for page in PAGES for i, b in enumerate(page
 
 def _namespace_for(block, page, stand_ins, monkeypatch):
     """The namespace `block` runs in: the one its previous block left (run again when it has not run in
-    this session, e.g. under -k), or a fresh one with the page's and the block's setup run."""
+    this pytest run, e.g. under -k), or a fresh one with the page's and the block's setup run."""
     if block.continues:
         previous = page.blocks[page.blocks.index(block) - 1]
         if previous.id not in _NAMESPACES:
