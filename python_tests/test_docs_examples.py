@@ -36,8 +36,8 @@ The stand-ins, all on CPU and small enough that the whole file runs in a few min
   the pages' setup code calls to make the `model`, `batch` and `loader` their blocks use.
 
 pytest's terminal summary ends with a "docs examples" section: how many blocks ran, how many
-signature blocks were checked, and each block skipped with its reason. New test file at the top of
-python_tests/; test_docs.py beside it checks the pages' links and names.
+signature blocks were checked, and each block skipped with its reason. test_docs.py checks the
+pages' links and the torch_offload names they show.
 """
 import ast
 import contextlib

@@ -10,7 +10,7 @@ directory of links to them (test_build_without_cuda_toolkit.py's), less the opti
 installed torch_offload and the build backend scikit-build-core: that one the README's steps
 install. pip runs without an index, from a folder of wheels: $TORCH_OFFLOAD_WHEELHOUSE when set,
 else the build requirements downloaded from the package index once (the test skips, saying so,
-where neither is there). New test file at the top of python_tests/."""
+where neither is there)."""
 import os
 import re
 import shlex
