@@ -25,8 +25,6 @@ import pytest
 from test_build_without_cuda_toolkit import _run, _shared_site
 from test_packaging import ROOT, TRAIN_ONE_STEP
 
-pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
-
 README = ROOT / "README.md"
 GETTING_STARTED = ROOT / "docs" / "getting-started.md"
 
@@ -50,8 +48,7 @@ def _readme_commands():
 
 
 def _build_requirements():
-    import tomllib
-
+    tomllib = pytest.importorskip("tomllib")
     return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["build-system"]["requires"]
 
 
@@ -102,6 +99,7 @@ def _copy_of_the_repository(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
 def test_the_readme_install_steps_work_in_a_fresh_venv(tmp_path):
     wheels = _wheelhouse(tmp_path)
     venv = tmp_path / "venv"
