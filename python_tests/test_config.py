@@ -47,7 +47,7 @@ def test_a_config_object_trains_as_the_keywords_that_build_it(options, keywords,
             model.zero_grad(set_to_none=True)
         assert torch.equal(_llama_step(by_config, ids, "cpu"), _llama_step(by_keywords, ids, "cpu"))
         assert_same_grads(by_config, by_keywords)
-    assert first.stats()["saves"] > 0
+    assert first.manager is None or first.stats()["saves"] > 0  # auto may keep torch's checkpointing
     for handle in (first, second):
         handle.remove()
     assert all("forward" not in module.__dict__ for module in by_config.modules())

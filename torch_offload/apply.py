@@ -16,12 +16,11 @@ from .install import install, wraps_blocks
 from .resolve import resolve
 
 CALL = "torch_offload.apply"
-_UNSET = object()
 
 
 def apply(
     model: nn.Module,
-    config=_UNSET,
+    config=DefaultMode("hidden_states"),
     blocks: Optional[Iterable[nn.Module]] = None,
     manager=None,
     *,
@@ -87,15 +86,13 @@ def apply(
 
 def read_config(config, options: dict, parts: dict, name: str = CALL):
     """(the OffloadConfig, the call as errors name it, whether the user named the mode) for an entry
-    point `name` given `config` (an OffloadConfig, a mode's options, a mode's name, or unset),
+    point `name` given `config` (an OffloadConfig, a mode's options, a mode's name, or a DefaultMode),
     keyword `options` (mode= among them) and the parts' keywords (None where not given). What every
     entry point checks before it looks at the model."""
     if "mode" in options:
-        if config is not _UNSET:
+        if not isinstance(config, DefaultMode):
             raise TypeError(f"{name}() got the mode twice: as an argument ({config!r}) and as mode=")
         config = options.pop("mode")
-    if config is _UNSET:
-        config = DefaultMode("hidden_states")
     given_parts = {key: value for key, value in parts.items() if value is not None}
     if isinstance(config, OffloadConfig) or type(config) in MODE_OPTIONS:
         call = f"{name}({type(config).__name__}(...))"

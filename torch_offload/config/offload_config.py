@@ -10,9 +10,8 @@ import dataclasses
 from typing import Optional, Union
 
 from .errors import OptionTypeError
-from .mode_options import AutoOptions, HiddenStatesOptions
+from .mode_options import MODE_OPTIONS, AutoOptions, options_type
 from .parts import ChunkedLossOptions, LayerOffloadingOptions, LongContextOptions, TilingOptions
-from .mode_options import MODE_OPTIONS, options_type
 
 Part = Union[None, bool, dict, int]
 
@@ -31,7 +30,7 @@ class OffloadConfig:
         checkpointing fits needs, each where it applies and unless given (resolve.py).
     """
 
-    activations: object = dataclasses.field(default_factory=HiddenStatesOptions)
+    activations: object = "hidden_states"
     layer_offloading: Optional[LayerOffloadingOptions] = None
     chunked_loss: Optional[ChunkedLossOptions] = None
     tiling: Optional[TilingOptions] = None
