@@ -1,5 +1,4 @@
 """OffloadHandle: what apply() returns, and how it undoes what apply() changed."""
-import warnings
 import weakref
 from typing import List
 
@@ -8,6 +7,7 @@ from torch import nn
 from ._engine.manager import stats as manager_stats
 from .blocks import BlockForward, set_forward
 from .copies import NotPicklable, copy_attributes
+from .kv_cache import disable_kv_caches
 
 
 class OffloadHandle(NotPicklable):
@@ -92,15 +92,10 @@ class OffloadHandle(NotPicklable):
                 module.gradient_checkpointing = False
 
     def disable_kv_cache(self) -> None:
-        """Sets a Hugging Face config's use_cache=False (a KV cache cannot be filled by a recomputed
-        layer), with a warning; remove() puts the old value back."""
-        config = getattr(self.model, "config", None)
-        if config is None or not getattr(config, "use_cache", False):
-            return
-        warnings.warn("torch_offload.apply: setting config.use_cache=False (a KV cache cannot be "
-                      "filled by a recomputed layer); handle.remove() sets it back")
-        self._attributes.append((config, "use_cache", config.use_cache))
-        config.use_cache = False
+        """Sets use_cache=False in every Hugging Face config of the model, nested ones included
+        (kv_cache.py: a KV cache cannot be filled by a recomputed layer), with a warning; remove()
+        puts the old values back."""
+        self._attributes.extend(disable_kv_caches(self.model, "torch_offload.apply"))
 
     def wrap(self, wrapper: BlockForward) -> None:
         """Installs `wrapper` as its block's forward; remove() puts back the one it wraps."""

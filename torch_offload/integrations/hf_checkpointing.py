@@ -12,7 +12,6 @@ take_over() does the same for a model whose checkpointing is on already (the Tra
 """
 import functools
 import inspect
-import warnings
 from typing import List, Optional
 
 from torch import nn
@@ -21,6 +20,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from ..checkpointing.drop_in import checkpoint
 from ..copies import NotPicklable, copy_attributes
 from ..handle import OffloadHandle
+from ..kv_cache import disable_kv_caches
 from ..modes.first_restores import prefetch_first_restores
 from ..modes.hidden_states import HiddenStates
 from ..modes.options import OptionError, parse
@@ -143,14 +143,8 @@ class HFCheckpointingHandle(OffloadHandle):
     def disable_kv_cache(self) -> None:
         """config.use_cache=False (a KV cache cannot be filled by a recomputed layer; transformers'
         layers drop it at every call under checkpointing), with a warning; remove() puts the old
-        value back."""
-        config = getattr(self.model, "config", None)
-        if config is None or not getattr(config, "use_cache", False):
-            return
-        warnings.warn(f"{self._call}: setting config.use_cache=False (a KV cache cannot be filled by a recomputed "
-                      "layer); handle.remove() sets it back")
-        self._attributes.append((config, "use_cache", config.use_cache))
-        config.use_cache = False
+        value back; nested configs too: kv_cache.py)."""
+        self._attributes.extend(disable_kv_caches(self.model, self._call))
 
     def remove(self) -> None:
         if self._previous is None:  # removed already
