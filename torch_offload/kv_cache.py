@@ -17,7 +17,7 @@ class KVCache(NamedTuple):
 
 
 def caches_to_disable(model) -> List[KVCache]:
-    """The configs of `model` (its own, its modules', and their sub-configs) whose use_cache is True,
+    """The configs of `model` (its own, its modules', and their sub-configs) whose use_cache is on,
     each once, the model's own config first."""
     found, seen = [], set()
 
@@ -25,7 +25,7 @@ def caches_to_disable(model) -> List[KVCache]:
         if config is None or id(config) in seen:
             return
         seen.add(id(config))
-        if getattr(config, "use_cache", None) is True:
+        if getattr(config, "use_cache", None):
             found.append(KVCache(where, config))
         for name in getattr(type(config), "sub_configs", None) or ():
             visit(f"{where}.{name}", getattr(config, name, None))
@@ -38,13 +38,14 @@ def caches_to_disable(model) -> List[KVCache]:
 
 def disable_kv_caches(model, call: str) -> list:
     """Sets use_cache=False in every config caches_to_disable() finds, with a warning naming them;
-    returns the (config, "use_cache", True) triples that put them back."""
+    returns the (config, "use_cache", value) triples that put them back."""
     caches = caches_to_disable(model)
     if not caches:
         return []
     names = ", ".join(f"{cache.where}.use_cache=False" for cache in caches)
     warnings.warn(f"{call}: setting {names} (a KV cache cannot be filled by a recomputed layer); "
-                  "handle.remove() sets it back")
+                  f"handle.remove() sets {'them' if len(caches) > 1 else 'it'} back")
+    undo = [(cache.config, "use_cache", cache.config.use_cache) for cache in caches]
     for cache in caches:
         cache.config.use_cache = False
-    return [(cache.config, "use_cache", True) for cache in caches]
+    return undo
