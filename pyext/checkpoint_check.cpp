@@ -9,6 +9,16 @@ const char kCheckpointDebugTip[] =
     "\nTip: To see a more detailed error message, pass `debug=True` to "
     "torch_offload.checkpoint(...) (torch's checkpoint path, with its operator traces).";
 
+namespace {
+
+// What a different number of saved tensors most often means, added to torch's wording.
+const char kDifferentCountCause[] =
+    "Likely cause: a KV cache (config.use_cache) or other state that changes between the forward "
+    "and the recompute (a counter, a cache filled on the first call), so the recompute runs other "
+    "code than the forward did.";
+
+}  // namespace
+
 PyObject* raise_checkpoint_error(const std::string& message) {
   static PyObject* error_type = nullptr;
   if (error_type == nullptr) {
@@ -42,7 +52,7 @@ bool recompute_matches(const std::vector<SavedMetadata>& forward, size_t saved, 
                "original forward and recomputation.\nNumber of tensors saved during forward: "
             << saved << "\nNumber of tensors saved during recomputation: " << recomputed.size()
             << ".\n"
-            << kCheckpointDebugTip;
+            << kDifferentCountCause << kCheckpointDebugTip;
     raise_checkpoint_error(message.str());
     return false;
   }

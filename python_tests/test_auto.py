@@ -27,7 +27,7 @@ def test_auto_trains_like_checkpointing_through_every_trial_and_keeps_one(device
     assert handle.auto.chosen == next(r.trial for r in handle.auto.results if r.chosen)
     assert all(r.step_s == min(r.steps_s) > 0 and len(r.steps_s) == 2 for r in handle.auto.results)
     chosen = handle.auto.chosen.candidate
-    assert (handle.auto.current.mode or "checkpointing") == chosen.partition(":")[0]
+    assert handle.auto.current.blocks == list(ours.model.layers)[:3 - handle.auto.chosen.tail_blocks]
     assert (handle.manager is None) == (chosen == "checkpointing")
     table = handle.explain()
     assert "selective:attention+qkv+out_proj" in table and "| True |" in table

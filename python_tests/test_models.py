@@ -148,7 +148,7 @@ def test_apply_errors():
     model = _tiny_llama("cpu")
     with pytest.raises(ValueError, match="unknown mode 'everything'"):
         torch_offload.apply(model, mode="everything")
-    with pytest.raises(ValueError, match="could not find the model's decoder layers"):
+    with pytest.raises(ValueError, match="could not find the blocks of Sequential"):
         torch_offload.apply(torch.nn.Sequential(torch.nn.Linear(2, 2)))
     layer = model.model.layers[0]
     with pytest.raises(ValueError, match="the same module more than once"):

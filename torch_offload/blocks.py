@@ -1,5 +1,5 @@
-"""Finding a model's repeated blocks (the decoder layers) and checking the ones a user names, and the
-forwards we install on them."""
+"""Finding a model's repeated blocks (decoder layers, encoder layers, diffusion transformer blocks)
+and checking the ones a user names, and the forwards we install on them."""
 from typing import List
 
 import torch
@@ -7,36 +7,76 @@ from torch import nn
 
 from .copies import NotPicklable, copy_attributes
 
-# Attribute paths where Hugging Face decoder-only models keep their layer stack (PEFT models wrap
-# them twice: PeftModel.base_model.model is the transformers model).
-_HF_LAYER_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "transformer.layers",
-                   "gpt_neox.layers", "layers", "base_model.model.model.layers")
+
+def _declared_names(model: nn.Module) -> set:
+    """The block class names the model's own classes declare repeated (diffusers' _repeated_blocks,
+    read by its regional compilation)."""
+    names = set()
+    for module in model.modules():
+        names.update(getattr(type(module), "_repeated_blocks", None) or ())
+    return names
 
 
-def _resolve(model: nn.Module, path: str):
-    obj = model
-    for name in path.split("."):
-        obj = getattr(obj, name, None)
-        if obj is None:
-            return None
-    return obj
+def _is_declared(module: nn.Module, names: set) -> bool:
+    """Whether the module is a block its library declares: a transformers GradientCheckpointingLayer
+    (what the model's own gradient checkpointing checkpoints) or a class named in _repeated_blocks."""
+    kind = type(module)
+    return kind.__name__ in names or any(
+        c.__name__ == "GradientCheckpointingLayer" and c.__module__.startswith("transformers.") for c in kind.__mro__)
+
+
+def _is_repeated_stack(module: nn.Module) -> bool:
+    """A ModuleList of at least two modules of one class, each with submodules and parameters."""
+    if not isinstance(module, nn.ModuleList) or len(module) < 2 or len({type(m) for m in module}) != 1:
+        return False
+    first = module[0]
+    return next(first.children(), None) is not None and next(first.parameters(), None) is not None
+
+
+def _outermost(model: nn.Module, found, skip_inside=lambda module: False) -> List[nn.Module]:
+    """The modules below `model` for which found(module) holds, none inside another, in module order;
+    nothing inside a module for which skip_inside(module) holds is looked at."""
+    chosen, skipped = [], []
+    for name, module in model.named_modules():
+        if not name or any(name.startswith(prefix) for prefix in skipped):
+            continue
+        if found(module):
+            chosen.append(module)
+            skipped.append(name + ".")
+        elif skip_inside(module):
+            skipped.append(name + ".")
+    return chosen
 
 
 def find_blocks(model: nn.Module) -> List[nn.Module]:
-    """The repeated blocks of a transformer: the decoder-layer ModuleList of a HF model."""
-    for path in _HF_LAYER_PATHS:
-        layers = _resolve(model, path)
-        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
-            return list(layers)
-    raise ValueError(
-        "torch_offload: could not find the model's decoder layers (looked at "
-        + ", ".join(_HF_LAYER_PATHS)
-        + "); pass them explicitly with blocks=[...]"
-    )
+    """The repeated blocks of a transformer, PEFT-wrapped too, in module order (the order the model
+    registers them, which is the order they run in: an encoder's before a decoder's, a vision tower's
+    before the language model's, Flux's double-stream before its single-stream blocks):
+
+    1. the blocks the model's library declares, outermost: transformers' GradientCheckpointingLayer
+       (the decoder, encoder and vision layers its own gradient checkpointing checkpoints) and the
+       classes a diffusers model names in _repeated_blocks;
+    2. else the modules of every ModuleList of at least two modules of one class (each with
+       submodules and parameters) that is not inside another ModuleList.
+
+    An architecture both miss: pass blocks=[...] to apply(), or name the block class in the model
+    class's _repeated_blocks."""
+    names = _declared_names(model)
+    blocks = _outermost(model, lambda module: _is_declared(module, names))
+    if not blocks:
+        stacks = _outermost(model, _is_repeated_stack, lambda module: isinstance(module, nn.ModuleList))
+        blocks = [block for stack in stacks for block in stack]
+    if not blocks:
+        raise ValueError(
+            f"torch_offload: could not find the blocks of {type(model).__name__}: no transformers "
+            "GradientCheckpointingLayer, no class named in a _repeated_blocks, no ModuleList of repeated "
+            "blocks of one class; pass them explicitly with blocks=[...]"
+        )
+    return blocks
 
 
 def blocks_to_wrap(model: nn.Module, blocks) -> List[nn.Module]:
-    """`blocks` (default: the model's decoder layers, find_blocks), checked: not empty, not wrapped
+    """`blocks` (default: the model's blocks, find_blocks), checked: not empty, not wrapped
     already by apply(), listed once."""
     blocks = list(blocks) if blocks is not None else find_blocks(model)
     if not blocks:

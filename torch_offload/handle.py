@@ -9,7 +9,6 @@ Every undo is data (a bound method or functools.partial of objects the model rea
 closure: copy.deepcopy((model, handle)) then gives the copy's handle, whose undos act on the copy
 (copies.py)."""
 import functools
-import warnings
 import weakref
 from typing import Callable, List
 
@@ -18,6 +17,7 @@ from torch import nn
 from ._engine.manager import stats as manager_stats
 from .blocks import BlockForward, set_forward
 from .copies import NotPicklable, copy_attributes
+from .kv_cache import disable_kv_caches
 
 
 class OffloadHandle(NotPicklable):
@@ -136,17 +136,11 @@ class OffloadHandle(NotPicklable):
                 self.set_attribute(module, "gradient_checkpointing", False)
 
     def disable_kv_cache(self, call: str = "torch_offload.apply") -> None:
-        """Sets use_cache=False on every Hugging Face config of the model that has it on (an
-        encoder-decoder's stacks keep their own: a KV cache cannot be filled by a recomputed layer),
-        with a warning; remove() puts the old values back."""
-        config = getattr(self.model, "config", None)
-        configs = [config] if getattr(config, "use_cache", False) else []
-        if not configs:
-            return
-        warnings.warn(f"{call}: setting config.use_cache=False (a KV cache cannot be filled by a recomputed "
-                      "layer); handle.remove() sets it back")
-        for config in configs:
-            self.set_attribute(config, "use_cache", False)
+        """Sets use_cache=False in every Hugging Face config of the model, nested ones included
+        (kv_cache.py: a KV cache cannot be filled by a recomputed layer), with a warning; remove()
+        puts the old values back."""
+        for config, name, value in disable_kv_caches(self.model, call):
+            self.push(functools.partial(setattr, config, name, value))
 
     def remove(self) -> None:
         """Undoes every change, the last made first. An undo that fails does not stop the others;

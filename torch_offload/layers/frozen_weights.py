@@ -30,6 +30,7 @@ from ..config.defaults import MAX_IN_FLIGHT
 from ..hooks import weight_tokens
 
 _WRAPPED = "_torch_offload_layer"  # attribute marking a block wrapped by offload_layers
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # an integer dtype per element size
 
 
 def available_host_bytes() -> Optional[int]:
@@ -50,6 +51,20 @@ class _FrozenWeight:
 
     def restore(self) -> torch.Tensor:
         return offload_restore(self.handle, self.device, self.manager_id)
+
+    def holds_its_values(self, device_copy: torch.Tensor) -> bool:
+        """Whether `device_copy`, whose version moved during the forward, still holds this weight's
+        values bit for bit. A version counts writes and also some calls that write nothing: PEFT's
+        LoRA on a parameter (MoE experts, routers) registers a torch parametrization around each
+        forward, which set_()s the parameter to itself. Compared with the host copy restored once
+        more: only weights whose version moved pay this copy."""
+        restored = self.restore()
+        if device_copy.shape != restored.shape or device_copy.dtype != restored.dtype:
+            return False
+        same_size_int = _BITS.get(restored.element_size()) if restored.is_floating_point() else None
+        if same_size_int is not None:  # bits, not values: NaN == NaN, -0.0 != 0.0
+            return torch.equal(device_copy.view(same_size_int), restored.view(same_size_int))
+        return torch.equal(device_copy, restored)
 
     def use_host_copy(self) -> None:
         """The host copy (saved and synchronized) becomes the parameter's data."""
@@ -212,6 +227,8 @@ class _WeightsOnDevice(BlockForward):
         layer.check()
         offloader = layer.offloader
         installed = []  # (device copy, its version when installed)
+        # Backward starts with the last layer again: it prefetches itself.
+        prefetch_self = False
         try:
             for w in layer.weights:
                 device_copy = nn.Parameter(w.restore(), requires_grad=False)
@@ -222,20 +239,25 @@ class _WeightsOnDevice(BlockForward):
                 offloader.prefetch_layer(layer.index - 1)
             else:
                 offloader.prefetch_layer(layer.index + 1)
-                if layer.index == len(offloader.layers) - 1 and torch.is_grad_enabled():
-                    layer.prefetch()  # backward starts with this layer again
+                prefetch_self = layer.index == len(offloader.layers) - 1 and torch.is_grad_enabled()
+                if prefetch_self:
+                    layer.prefetch()
             output = self.run(*args, **kwargs)
         finally:
             for w, (device_copy, _) in zip(layer.weights, installed):
                 weight_tokens.uninstall(device_copy)
                 w.module._parameters[w.name] = w.param
-        for w, (device_copy, version) in zip(layer.weights, installed):
-            if device_copy._version != version:
+        moved = [(w, device_copy) for w, (device_copy, version) in zip(layer.weights, installed)
+                 if device_copy._version != version]
+        for w, device_copy in moved:
+            if not w.holds_its_values(device_copy):
                 raise RuntimeError(
                     f"torch_offload.offload_layers: the frozen weight {w.qualified} was modified in "
                     "place during the forward; the change would be lost (frozen weights are never "
                     "copied back). Call handle.remove() before changing frozen weights."
                 )
+        if moved and prefetch_self:
+            layer.prefetch()  # the comparison's restores took the prefetched copies
         return output
 
 

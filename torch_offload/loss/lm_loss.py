@@ -142,6 +142,29 @@ def _causal_lm(model: nn.Module) -> nn.Module:
     return model
 
 
+def _not_causal_lm(model: nn.Module):
+    """Why `model`'s loss is not the causal LM loss chunked_causal_lm_loss computes (the mean cross
+    entropy of the head's output over the labels shifted by one), or None. Told by what the model
+    itself computes: an encoder-decoder model's decoder is fed the labels shifted already and its
+    loss compares them unshifted (T5, BART, Whisper); other models compute the loss transformers
+    picks from the class name (PreTrainedModel.loss_type: "ForCausalLM", a vision-language
+    "ForConditionalGeneration" and an unmatched name get ForCausalLMLoss; "ForMaskedLM" and the
+    classification heads do not)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return ("an encoder-decoder model (config.is_encoder_decoder=True): its decoder's loss compares unshifted "
+                "labels")
+    loss_type = getattr(model, "loss_type", None)
+    try:
+        from transformers.loss.loss_utils import LOSS_MAPPING
+    except ImportError:  # an older transformers without the mapping: nothing more to tell by
+        return None
+    causal = LOSS_MAPPING.get("ForCausalLM")
+    if loss_type is not None and LOSS_MAPPING.get(loss_type, causal) is not causal:
+        return f"its loss is transformers' {loss_type} loss (loss_type={loss_type!r}), not the causal LM loss"
+    return None
+
+
 def chunked_lm_loss_target(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                            grads_in_forward: bool = False):
     """(the Hugging Face causal LM whose loss chunk_lm_loss chunks, its LM head), after checking that
@@ -154,6 +177,11 @@ def chunked_lm_loss_target(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_T
     if not hasattr(type(model), "loss_function"):
         raise TypeError(f"torch_offload.chunk_lm_loss: {type(model).__name__} has no loss_function "
                         "(a Hugging Face PreTrainedModel's): nothing to chunk")
+    why = _not_causal_lm(model)
+    if why is not None:
+        raise TypeError(f"torch_offload.chunk_lm_loss: {type(model).__name__} is not a causal LM: {why}. The chunked "
+                        "loss computes a causal LM's loss (labels shifted by one token); train this model with its "
+                        "own loss (no chunked_loss=)")
     config = getattr(model, "config", None)
     for name in ("final_logit_softcapping", "logit_scale"):
         if getattr(config, name, None) not in (None, 1, 1.0):
@@ -175,7 +203,8 @@ def chunk_lm_loss(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, *,
     same loss (fp32 mean cross-entropy over the shifted labels that are not ignore_index, or divided
     by num_items_in_batch) with `logits=None`; in evaluation, without grad or without labels it runs
     unchanged. Works before or after FSDP2's fully_shard, and on a PEFT model as users hold it (its base
-    model's loss is chunked). Returns a handle; remove() undoes it.
+    model's loss is chunked). Returns a handle; remove() undoes it. A model whose own loss is not the
+    causal LM's (a masked LM, an encoder-decoder model) is a TypeError saying why (_not_causal_lm).
     grads_in_forward=True: the loss's gradients are computed in the forward (no second pass over the
     logits in backward; one backward per forward): see chunked_loss.py."""
     model, head = chunked_lm_loss_target(model, chunk_tokens, grads_in_forward)

@@ -10,7 +10,6 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from ...blocks import BlockForward
 from ...config.mode_options import AUTO_CANDIDATES, AutoOptions, HiddenStatesOptions, SelectiveOptions
-from ...config.offload_config import OffloadConfig
 from ...handle import OffloadHandle
 from ..mode import finish_checkpointing
 from ...policies.projections import projection_groups, projection_weights
@@ -70,7 +69,7 @@ def install_trial(installer_for: Callable, model: nn.Module, blocks: List[nn.Mod
     that installs them."""
     blocks = blocks[:len(blocks) - trial.tail_blocks]
     mode_options = trial_options(trial, len(blocks), options)
-    handle = OffloadHandle(model, OffloadConfig(mode_options))
+    handle = OffloadHandle(model)
     try:
         if mode_options is None:
             for block in blocks:
