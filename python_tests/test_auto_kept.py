@@ -1,4 +1,4 @@
-"""mode="auto", per block: the last blocks keeping their MLP's up/gate products (auto_kept.py): the
+"""mode="auto", per block: the last blocks keeping their MLP's up/gate products (auto_kept_products.py): the
 plan's trials sized from the room and the bytes measured, and training like checkpointing."""
 import dataclasses
 
@@ -11,7 +11,7 @@ from test_models import _steps_match_plain, _tiny_llama
 from torch_offload import AutoOptions
 from torch_offload.install import installer_for
 from torch_offload.modes.auto.candidates import install_trial
-from torch_offload.modes.auto.kept import block_policies, can_keep_mlp, kept_policy, next_kept_trial
+from torch_offload.modes.auto.kept_products import block_policies, can_keep_mlp, kept_policy, next_kept_trial
 from torch_offload.modes.auto.trials import Trial, TrialResult
 
 QKV_OUT = "selective:attention+qkv+out_proj"

@@ -12,7 +12,7 @@ from torch_offload import AutoOptions
 from torch_offload.install import installer_for
 from torch_offload.modes.auto.candidates import install_trial
 from torch_offload.modes.auto.trials import Trial, TrialResult
-from torch_offload.modes.auto.tail import TailProbe, first_tail, next_tail, next_tail_trial, window_for_one_more_block
+from torch_offload.modes.auto.unchecked_tail import TailProbe, first_tail, next_tail, next_tail_trial, window_for_one_more_block
 from test_models import _llama_step, _steps_match_plain, _tiny_llama
 
 

@@ -122,8 +122,8 @@ def test_auto_tries_the_fastest_candidate_again_with_saves_kept_within_the_budge
                                  candidates=["hidden_states", "selective:attention"])
     _steps_match_plain(ours, reference, "cuda", steps=7)
     assert handle.auto.planned
-    # (the window trials; auto's tail and kept-product trials come after them: test_auto_tail.py,
-    # test_auto_kept.py)
+    # (the window trials; auto's tail and kept-product trials come after them: test_auto_unchecked_tail.py,
+    # test_auto_kept_products.py)
     tried = handle.auto.results[:2]
     kept = [r for r in handle.auto.results[2:] if not r.tail_blocks and not r.kept_mlp_blocks]
     fastest = min(tried, key=lambda r: r.step_s)

@@ -11,7 +11,7 @@ from ..blocks import BlockForward
 from ..hooks.empty_steps import warn_nothing_offloaded, watch_model_steps
 from ..hooks.link_budget import watch_link
 from ..hooks.offload_hooks import offload_activations, resident_tensors
-from .mode import Mode
+from .installer import ModeInstaller
 
 
 class HookedForward(BlockForward):
@@ -28,7 +28,7 @@ class HookedForward(BlockForward):
         return self.run(*args, **kwargs)
 
 
-class Activations(Mode):
+class Activations(ModeInstaller):
     """Modes "all", "sync" and "disk"."""
 
     def install(self, handle, blocks, options, manager=None) -> None:

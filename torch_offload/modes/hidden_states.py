@@ -5,7 +5,7 @@ from torch import nn
 
 from ..blocks import BlockForward
 from ..checkpointing.drop_in import checkpoint
-from .mode import CheckpointMode
+from .installer import CheckpointInstaller
 
 
 class CheckpointedForward(BlockForward):
@@ -21,6 +21,6 @@ class CheckpointedForward(BlockForward):
         return self.run(*args, **kwargs)
 
 
-class HiddenStates(CheckpointMode):
+class HiddenStates(CheckpointInstaller):
     def wrappers(self, blocks, manager, options, chose_depth):
         return [CheckpointedForward(block, manager, options.use_reentrant) for block in blocks]

@@ -4,10 +4,10 @@ module classes) and `presets` (Megatron-style groups such as "qkv", "core_attn")
 from ..hooks.link_budget import watch_link
 from ..targets.module_offload import offload_modules
 from .first_restores import prefetch_first_restores
-from .mode import Mode
+from .installer import ModeInstaller
 
 
-class Modules(Mode):
+class Modules(ModeInstaller):
     wraps_blocks = False  # modules are selected by targets and presets
 
     def install(self, handle, blocks, options, manager=None) -> None:

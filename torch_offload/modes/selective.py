@@ -21,7 +21,7 @@ from ..policies.per_op import selective_offload_contexts
 from ..policies.projections import is_fast_policy, projection_groups, projection_weights, saves_per_block, split_kept
 from ..config.defaults import SELECTIVE_MIN_BYTES
 from ..policies.store import KeptBytes, KeptStore, OffloadStore
-from .mode import CheckpointMode
+from .installer import CheckpointInstaller
 
 _TORCH_KEYWORDS = ("preserve_rng_state", "determinism_check", "debug", "early_stop")
 
@@ -135,7 +135,7 @@ def block_prefetch_depth(blocks, policies) -> int:
                for block, policy in zip(blocks, policies))
 
 
-class Selective(CheckpointMode):
+class Selective(CheckpointInstaller):
     def build_manager(self, options, blocks):
         kwargs = options.manager_kwargs()
         if options.prefetch_depth is None:

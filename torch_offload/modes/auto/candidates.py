@@ -11,9 +11,9 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from ...blocks import BlockForward
 from ...config.mode_options import AUTO_CANDIDATES, AutoOptions, HiddenStatesOptions, SelectiveOptions
 from ...handle import OffloadHandle
-from ..mode import finish_checkpointing
+from ..installer import finish_checkpointing
 from ...policies.projections import projection_groups, projection_weights
-from .kept import block_policies
+from .kept_products import block_policies
 from .trials import Trial
 
 

@@ -23,16 +23,16 @@ The rounds after the candidates (trials.Phase):
 - windows: memory the budget leaves over is spent on the link: the fastest offloading candidates
   that fit (those within 3% of the fastest, at most two) run once more with the newest saves kept on
   the GPU (OffloadManager's keep_on_device_bytes: two blocks' offloaded bytes, within the room under
-  the budget until the last blocks' backward, the early peak of tail.py; predicted peak = the
+  the budget until the last blocks' backward, the early peak of unchecked_tail.py; predicted peak = the
   candidate's early peak plus the kept bytes, or its peak where that is higher). A forward's last
   saves, which backward needs first, then never cross the link: where the link is full at the end
   of the forward (16k, "attention+qkv+out_proj") that is a visible share of the step
   (docs/performance.md).
 - smaller windows: a window whose peak exceeds the budget runs once more, shrunk by the excess.
-- unchecked tails (tail.py): the fastest result so far runs with its last blocks not checkpointed at
+- unchecked tails (unchecked_tail.py): the fastest result so far runs with its last blocks not checkpointed at
   all, where the room under the budget until those blocks' backward allows, at most TAIL_TRIES
   trials.
-- kept products (kept.py): the fastest selective result without a tail runs with its last blocks
+- kept products (kept_products.py): the fastest selective result without a tail runs with its last blocks
   keeping their MLP's up/gate products on the device ("+keep_fc1"), at most KEPT_TRIES trials.
 
 Each trial is installed on a handle of its own (candidates.install_trial); switching trials removes
@@ -46,8 +46,8 @@ from typing import Callable, List, Optional
 import torch
 from torch import nn
 
-from .kept import can_keep_mlp, next_kept_trial
-from .tail import TailProbe, next_tail_trial
+from .kept_products import can_keep_mlp, next_kept_trial
+from .unchecked_tail import TailProbe, next_tail_trial
 from .trials import GB, Phase, Trial, TrialResult, plain_result
 
 KEEP_MARGIN = 0.1  # of the room under the budget, left for what the peak does not show exactly

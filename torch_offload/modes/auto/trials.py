@@ -11,7 +11,7 @@ GB = 1e9
 class Phase(enum.Enum):
     """The rounds of trials, in order: each candidate as it is; the fastest with a window of the
     newest saves kept on the GPU; a window that went over the budget, shrunk; the last blocks not
-    checkpointed at all (tail.py); the last blocks keeping their MLP's up/gate products (kept.py);
+    checkpointed at all (unchecked_tail.py); the last blocks keeping their MLP's up/gate products (kept_products.py);
     then the choice."""
 
     CANDIDATES = "candidates"
@@ -42,7 +42,7 @@ class Trial:
 @dataclasses.dataclass
 class TrialResult:
     """One trial's timed steps. The peaks (GB of allocated memory) are read on CUDA only: None on
-    CPU. early_peak_gb: until the last checkpointed block's backward ended (tail.py);
+    CPU. early_peak_gb: until the last checkpointed block's backward ended (unchecked_tail.py);
     tail_block_gb: the largest unchecked block's footprint; predicted_peak_gb: a window's peak as
     predicted from the candidate's own; kept_gb: products kept by "keep_" groups per step."""
 

@@ -3,7 +3,7 @@
 Under a selective policy the recompute of a block is mostly its MLP's up and gate projections
 (attention and the projections named in the policy come back from host memory). Their products are
 too large for the link to carry in the time that recompute takes, but the memory budget often has
-room until the last blocks' backward (the early peak, tail.py): blocks that keep those products
+room until the last blocks' backward (the early peak, unchecked_tail.py): blocks that keep those products
 ("<policy>+keep_fc1", policies/projections.py) skip that recompute at about a third of the memory an
 unchecked block keeps; on the Llama-3-8B shape that beat auto's unchecked tail at checkpointing's
 peak (docs/performance.md, "auto").
@@ -17,7 +17,7 @@ import math
 from typing import List, Optional
 
 from ...policies.projections import projection_groups, projection_weights, split_kept
-from .tail import TAIL_MARGIN, block_input_gb
+from .unchecked_tail import TAIL_MARGIN, block_input_gb
 from .trials import Trial, TrialResult
 
 KEPT_GROUP = "keep_fc1"

@@ -1,11 +1,11 @@
 """What a mode does to a model: builds its manager from the mode's options and installs what wraps
 each block, pushing each change's undo onto the handle (handle.py). The options themselves are data
-(config/mode_options.py); modes/__init__.py maps each options class to its mode."""
+(config/mode_options.py); install.py maps each options class to its installer (INSTALLERS)."""
 from .._engine.manager import OffloadManager
 from .first_restores import prefetch_first_restores
 
 
-class Mode:
+class ModeInstaller:
     """The installer of one options class. Subclasses define install()."""
 
     # Whether apply() finds and checks the blocks (the decoder layers by default) for this mode.
@@ -20,7 +20,7 @@ class Mode:
         raise NotImplementedError
 
 
-class CheckpointMode(Mode):
+class CheckpointInstaller(ModeInstaller):
     """A mode that checkpoints each block with a wrapper of its own (hidden_states, selective); mode
     "auto" installs these for its trials."""
 
