@@ -5,7 +5,7 @@ from typing import List
 import torch
 from torch import nn
 
-from .copies import NotPicklable, copy_attributes
+from .copies import NotPicklable
 
 
 def _declared_names(model: nn.Module) -> set:
@@ -112,9 +112,6 @@ class BlockForward(NotPicklable):
 
     def training_with_grad(self) -> bool:
         return self.block.training and torch.is_grad_enabled()
-
-    def __deepcopy__(self, memo):
-        return copy_attributes(self, memo)
 
 
 def set_forward(block: nn.Module, forward) -> None:

@@ -15,9 +15,9 @@ from typing import Callable, Dict
 
 
 class NotPicklable:
-    """Mixin: pickling raises a TypeError naming `_pickled_what` and what to do instead.
-    Subclasses that copy.deepcopy must reach define __deepcopy__ (deepcopy would otherwise use
-    __reduce_ex__ as well)."""
+    """Mixin: pickling raises a TypeError naming `_pickled_what` and what to do instead; a deep
+    copy copies the object's attributes through the memo (copy_attributes), and a subclass whose
+    state is tied to a process or a call overrides __deepcopy__ to build that anew."""
 
     _pickled_what = "a torch_offload object"
 
@@ -26,6 +26,10 @@ class NotPicklable:
             f"torch_offload: cannot pickle a model with offloading applied, as torch.save(model) "
             f"does ({self._pickled_what} cannot be pickled): call handle.remove() first and apply "
             "again after loading, or save model.state_dict() instead; copy.deepcopy(model) works")
+
+    def __deepcopy__(self, memo):
+        # (deepcopy would otherwise fall back to __reduce_ex__, which refuses)
+        return copy_attributes(self, memo)
 
 
 def copy_attributes(obj, memo: dict, fresh: Dict[str, Callable[[], object]] = None):

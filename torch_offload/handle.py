@@ -16,7 +16,7 @@ from torch import nn
 
 from ._engine.manager import stats as manager_stats
 from .blocks import BlockForward, set_forward
-from .copies import NotPicklable, copy_attributes
+from .copies import NotPicklable
 from .kv_cache import disable_kv_caches
 
 
@@ -64,9 +64,6 @@ class OffloadHandle(NotPicklable):
         if self.auto is not None:
             return self.auto.blocks
         return [wrapper.block for wrapper in self._wrappers]
-
-    def __deepcopy__(self, memo):
-        return copy_attributes(self, memo)
 
     def stats(self) -> dict:
         """Statistics of the activation manager merged with its saved-tensor hooks' counters

@@ -24,7 +24,7 @@ from ..config.offload_config import OffloadConfig
 from ..config.keywords import build_options
 from ..config.mode_options import (MODE_OPTIONS, ActivationsOptions, AutoOptions, HiddenStatesOptions, ModulesOptions,
                                    SelectiveOptions, canonical_mode, options_type)
-from ..copies import NotPicklable, copy_attributes
+from ..copies import NotPicklable
 from ..handle import OffloadHandle
 from ..install import installer_for
 from ..modes.first_restores import prefetch_first_restores
@@ -103,9 +103,6 @@ class CheckpointFunction(NotPicklable):
 
     def __call__(self, function, *args, **kwargs):
         return self.checkpoint_function(function, *args, **{**self.keywords, **kwargs})
-
-    def __deepcopy__(self, memo):
-        return copy_attributes(self, memo)
 
     def __repr__(self):
         shown = {k: v for k, v in self.keywords.items() if k not in ("manager", "block")}

@@ -180,9 +180,6 @@ class LayerOffloadHandle(NotPicklable):
     def stats(self) -> dict:
         return dict(self.manager.stats())
 
-    def __deepcopy__(self, memo):
-        return copy_attributes(self, memo)
-
     @property
     def offloaded_bytes(self) -> int:
         return sum(w.param.numel() * w.param.element_size() for layer in self.layers for w in layer.weights)

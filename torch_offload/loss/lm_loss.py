@@ -13,7 +13,7 @@ from torch import nn
 
 from ..blocks import BlockForward, set_forward
 from .chunked_loss import DEFAULT_CHUNK_TOKENS, chunked_causal_lm_loss
-from ..copies import NotPicklable, copy_attributes
+from ..copies import NotPicklable
 
 _WRAPPED = "_torch_offload_chunked_loss"  # marks a model whose loss is chunked
 
@@ -25,9 +25,6 @@ class _Pending(NotPicklable):
 
     def __init__(self):
         self.call = None
-
-    def __deepcopy__(self, memo):
-        return copy_attributes(self, memo)
 
 
 class _ModelForward(BlockForward):
@@ -95,9 +92,6 @@ class _PassLoss(NotPicklable):
             return logits
         return self.original(logits, labels, *args, **kwargs)
 
-    def __deepcopy__(self, memo):
-        return copy_attributes(self, memo)
-
 
 class ChunkedLossHandle(NotPicklable):
     """What chunk_lm_loss() returns; remove() gives the model its own loss and logits back."""
@@ -116,9 +110,6 @@ class ChunkedLossHandle(NotPicklable):
             set_forward(forward.block, forward)
         model.loss_function = _PassLoss(pending, model.loss_function)
         model.__dict__[_WRAPPED] = True
-
-    def __deepcopy__(self, memo):
-        return copy_attributes(self, memo)
 
     def remove(self) -> None:
         for forward in reversed(self._forwards):

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..blocks import BlockForward, find_blocks, set_forward
-from ..copies import NotPicklable, copy_attributes
+from ..copies import NotPicklable
 from ..targets.presets import preset_modules
 from .sequence_tiles import default_tile_tokens, tiled_module_call
 
@@ -94,9 +94,6 @@ class TiledMLPHandle(NotPicklable):
     @property
     def mlps(self) -> List[nn.Module]:
         return [wrapper.block for wrapper in self._wrappers]
-
-    def __deepcopy__(self, memo):
-        return copy_attributes(self, memo)
 
     def tiles(self) -> dict:
         """{sequence length: tokens per tile} as decided so far (the first MLP's, which all share
