@@ -1,26 +1,22 @@
-"""OffloadHandle: what apply() returns, and the one stack of undos that remove() pops.
+"""OffloadHandle: what apply() returns, and the stack of undos that remove() pops (undo.py).
 
 Installing is an ordered list of steps (install.py); each change a step makes on the model pushes
 what undoes it onto the handle's stack, so remove() undoes every change in reverse order, and a
 failed install pops what it had pushed and leaves the model as it was. Mode "auto" keeps one such
-handle per trial (modes/auto/controller.py).
-
-Every undo is data (a bound method or functools.partial of objects the model reaches), never a
-closure: copy.deepcopy((model, handle)) then gives the copy's handle, whose undos act on the copy
-(copies.py)."""
+handle per trial (modes/auto/controller.py)."""
 import functools
 import weakref
-from typing import Callable, List
+from typing import List
 
 from torch import nn
 
 from ._engine.manager import stats as manager_stats
 from .blocks import BlockForward, set_forward
-from .copies import NotPicklable
 from .kv_cache import disable_kv_caches
+from .undo import UndoStack
 
 
-class OffloadHandle(NotPicklable):
+class OffloadHandle(UndoStack):
     """What apply() returns: the configuration it installed (`config`, every part decided), the
     activation manager in use and its statistics (stats()), the parts' own handles where on
     (`layers`: LayerOffloadHandle, `chunked_loss`: ChunkedLossHandle, `tiled_mlp` / `tiled_norms`:
@@ -30,6 +26,7 @@ class OffloadHandle(NotPicklable):
     _pickled_what = "its OffloadHandle"
 
     def __init__(self, model: nn.Module, config=None, notes=()):
+        super().__init__()
         self.model = model
         self.config = config  # the OffloadConfig installed, every part decided
         self.notes = list(notes)  # (part, chosen, why): what resolve() decided, for explain()
@@ -43,7 +40,6 @@ class OffloadHandle(NotPicklable):
         self.auto = None
         self.link_budget = None  # LinkBudget with keep_on_device_bytes="auto" (hooks/link_budget.py)
         self._wrappers: List[BlockForward] = []
-        self._undo: List[Callable[[], None]] = []
 
     @property
     def manager(self):
@@ -95,21 +91,7 @@ class OffloadHandle(NotPicklable):
             parts.append("\n".join(lines) + "\n")
         return "\n".join(parts)
 
-    # Changes, each with its undo pushed.
-
-    def push(self, undo: Callable[[], None]) -> None:
-        """remove() calls `undo` (after the undos pushed later)."""
-        self._undo.append(undo)
-
-    def on_remove(self, *hook_handles) -> None:
-        """remove() also removes these hooks (torch.utils.hooks.RemovableHandle)."""
-        for hook in hook_handles:
-            self.push(hook.remove)
-
-    def set_attribute(self, obj, name: str, value) -> None:
-        """setattr(obj, name, value); remove() puts the value it had back."""
-        self.push(functools.partial(setattr, obj, name, getattr(obj, name)))
-        setattr(obj, name, value)
+    # Changes, each with its undo pushed (push, on_remove, set_attribute, replace_forward: undo.py).
 
     def wrap(self, wrapper: BlockForward) -> None:
         """Installs `wrapper` as its block's forward; remove() puts back the one it wraps."""
@@ -140,15 +122,7 @@ class OffloadHandle(NotPicklable):
             self.push(functools.partial(setattr, config, name, value))
 
     def remove(self) -> None:
-        """Undoes every change, the last made first. An undo that fails does not stop the others;
-        the first failure is raised after all have run."""
-        failure = None
-        while self._undo:
-            undo = self._undo.pop()
-            try:
-                undo()
-            except Exception as error:  # noqa: BLE001  (the rest still have to be undone)
-                failure = failure or error
-        self.layers = self.chunked_loss = self.tiled_mlp = self.tiled_norms = None
-        if failure is not None:
-            raise failure
+        try:
+            super().remove()
+        finally:
+            self.layers = self.chunked_loss = self.tiled_mlp = self.tiled_norms = None

@@ -212,4 +212,4 @@ def _enable_checkpointing(changes: CompileChanges, blocks, policy_fn) -> None:
 
         blocks = find_blocks(model)
     for block in blocks:
-        changes.wrap_forward(block, checkpointed(type(block).forward.__get__(block), kwargs))
+        changes.replace_forward(block, checkpointed(type(block).forward.__get__(block), kwargs))

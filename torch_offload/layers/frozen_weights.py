@@ -21,7 +21,8 @@ from torch import nn
 from .._engine.ops import offload_restore, offload_save
 from .._engine.dtensors import is_dtensor as _is_dtensor
 from ..blocks import BlockForward, find_blocks, set_forward
-from ..copies import NotPicklable, copy_attributes
+from ..copies import copy_attributes
+from ..undo import UndoStack
 from ..hooks.empty_steps import warn_nothing_offloaded
 from ..hooks.hook_scopes import HookScopes
 from .._engine.manager import OffloadManager
@@ -164,17 +165,17 @@ class _Layer:
             self.offloader.prefetch_layer(self.index - 1)
 
 
-class LayerOffloadHandle(NotPicklable):
+class LayerOffloadHandle(UndoStack):
     """What offload_layers() returns: the manager (stats), the layers, and remove().
     copy.deepcopy of the model copies it: the copy's frozen weights go to a copy of the manager."""
 
     _pickled_what = "its frozen-weight offloading (offload_layers)"
 
     def __init__(self, model: nn.Module, manager):
+        super().__init__()
         self.model = model
         self.manager = manager
         self.layers: List[_Layer] = []
-        self._hook_handles = []
         self._scopes = HookScopes()  # the weight hooks entered per model call
 
     def stats(self) -> dict:
@@ -188,12 +189,9 @@ class LayerOffloadHandle(NotPicklable):
         if 0 <= index < len(self.layers):
             self.layers[index].prefetch()
 
-    def remove(self) -> None:
+    def _put_weights_back(self) -> None:
         """Moves the frozen weights back to their devices, exactly as they were (restored through
         the engine, whatever tier holds them), and unwraps the layers."""
-        for hook in self._hook_handles:
-            hook.remove()
-        self._hook_handles = []
         self.manager.synchronize()
         for layer in self.layers:
             set_forward(layer.block, layer.previous_forward)
@@ -361,8 +359,7 @@ def offload_layers(
             w.use_host_copy()
         set_forward(layer.block, _WeightsOnDevice(layer))
         layer.block.__dict__[_WRAPPED] = handle
-    handle._hook_handles = [
-        model.register_forward_pre_hook(handle._enter_model),
-        model.register_forward_hook(handle._exit_model, always_call=True),
-    ]
+    handle.push(handle._put_weights_back)
+    handle.on_remove(model.register_forward_pre_hook(handle._enter_model),
+                     model.register_forward_hook(handle._exit_model, always_call=True))
     return handle

@@ -11,9 +11,10 @@ auxiliary loss) is added as before. The returned output has `logits=None`.
 """
 from torch import nn
 
-from ..blocks import BlockForward, set_forward
+from ..blocks import BlockForward
 from .chunked_loss import DEFAULT_CHUNK_TOKENS, chunked_causal_lm_loss
 from ..copies import NotPicklable
+from ..undo import UndoStack
 
 _WRAPPED = "_torch_offload_chunked_loss"  # marks a model whose loss is chunked
 
@@ -93,33 +94,21 @@ class _PassLoss(NotPicklable):
         return self.original(logits, labels, *args, **kwargs)
 
 
-class ChunkedLossHandle(NotPicklable):
+class ChunkedLossHandle(UndoStack):
     """What chunk_lm_loss() returns; remove() gives the model its own loss and logits back."""
 
     _pickled_what = "its ChunkedLossHandle"
 
     def __init__(self, model: nn.Module, head: nn.Module, chunk_tokens: int, grads_in_forward: bool = False):
+        super().__init__()
         self.model, self.head, self.chunk_tokens = model, head, chunk_tokens
         self.grads_in_forward = grads_in_forward
         pending = _Pending()
-        self._had_loss_function = "_loss_function" in model.__dict__
-        self._loss_function = model.__dict__.get("_loss_function")
-        self._forwards = [_ModelForward(model, pending, chunk_tokens),
-                          _HeadForward(head, pending, chunk_tokens, grads_in_forward)]
-        for forward in self._forwards:
-            set_forward(forward.block, forward)
-        model.loss_function = _PassLoss(pending, model.loss_function)
-        model.__dict__[_WRAPPED] = True
-
-    def remove(self) -> None:
-        for forward in reversed(self._forwards):
-            set_forward(forward.block, forward.inner)
-        self._forwards = []
-        if self._had_loss_function:
-            self.model.__dict__["_loss_function"] = self._loss_function
-        else:
-            self.model.__dict__.pop("_loss_function", None)
-        self.model.__dict__.pop(_WRAPPED, None)
+        self.replace_forward(model, _ModelForward(model, pending, chunk_tokens))
+        self.replace_forward(head, _HeadForward(head, pending, chunk_tokens, grads_in_forward))
+        # The model's loss_function property reads and writes its `_loss_function`.
+        self.set_attribute(model, "_loss_function", _PassLoss(pending, model.loss_function))
+        self.set_attribute(model, _WRAPPED, True)
 
 
 def _causal_lm(model: nn.Module) -> nn.Module:

@@ -21,7 +21,8 @@ from torch import nn
 
 from ..hooks import weight_tokens
 from ..hooks.offload_hooks import offload_activations, resident_tensors
-from ..copies import NotPicklable, copy_attributes
+from ..copies import copy_attributes
+from ..undo import UndoStack
 from ..hooks.empty_steps import watch_model_steps
 from ..hooks.hook_scopes import HookScopes
 from .._engine.manager import stats as manager_stats
@@ -31,7 +32,7 @@ from .selection import ModuleSelection, Target, plan_modules
 _OFF = object()  # a selected module running in eval or without grad: nothing offloaded inside
 
 
-class ModuleOffloadHandle(NotPicklable):
+class ModuleOffloadHandle(UndoStack):
     """What offload_modules() returns: selected modules (and the modules inside them left out),
     manager, report(), stats(), remove(). Its bound methods are the modules' hooks: a deep copy of
     the model copies it (copies.py)."""
@@ -39,6 +40,7 @@ class ModuleOffloadHandle(NotPicklable):
     _pickled_what = "the module hooks of mode='modules' (offload_modules)"
 
     def __init__(self, model: nn.Module, selection: ModuleSelection, hooks_options: dict):
+        super().__init__()
         self.model = model
         self.modules = selection.selected
         self.excluded = selection.excluded
@@ -48,7 +50,6 @@ class ModuleOffloadHandle(NotPicklable):
         self.manager = self.hooks.manager
         self._scopes = HookScopes()
         self._outside = threading.local()  # per thread: the hooks active outside each selected call
-        self._hook_handles = []
 
     def __deepcopy__(self, memo):
         return copy_attributes(self, memo, {"_outside": threading.local})
@@ -62,11 +63,6 @@ class ModuleOffloadHandle(NotPicklable):
         no longer holds. Call between forward and backward (backward frees everything anyway)."""
         self.manager.synchronize()  # copies done: the engine no longer holds any source
         return self.hooks.filter.report()
-
-    def remove(self) -> None:
-        for hook in self._hook_handles:
-            hook.remove()
-        self._hook_handles = []
 
     def _new_forward(self, module, args):
         if torch.is_grad_enabled():
@@ -107,12 +103,11 @@ def offload_modules(model: nn.Module, targets: Iterable[Target] = (), *, presets
     handle = ModuleOffloadHandle(model, plan_modules(model, targets, presets),
                                  dict(manager=manager, min_bytes=min_bytes, prefetch_depth=prefetch_depth,
                                       **manager_options))
-    handle._hook_handles.append(model.register_forward_pre_hook(handle._new_forward))
-    handle._hook_handles += watch_model_steps(model, handle.hooks)
+    handle.on_remove(model.register_forward_pre_hook(handle._new_forward), *watch_model_steps(model, handle.hooks))
     for _, module in handle.modules:
-        handle._hook_handles.append(module.register_forward_pre_hook(handle._enter))
-        handle._hook_handles.append(module.register_forward_hook(handle._exit, always_call=True))
+        handle.on_remove(module.register_forward_pre_hook(handle._enter),
+                         module.register_forward_hook(handle._exit, always_call=True))
     for _, module in handle.excluded:
-        handle._hook_handles.append(module.register_forward_pre_hook(handle._enter_excluded))
-        handle._hook_handles.append(module.register_forward_hook(handle._exit_excluded, always_call=True))
+        handle.on_remove(module.register_forward_pre_hook(handle._enter_excluded),
+                         module.register_forward_hook(handle._exit_excluded, always_call=True))
     return handle

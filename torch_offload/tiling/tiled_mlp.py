@@ -16,8 +16,8 @@ from typing import Iterable, List, Optional
 import torch
 from torch import nn
 
-from ..blocks import BlockForward, find_blocks, set_forward
-from ..copies import NotPicklable
+from ..blocks import BlockForward, find_blocks
+from ..undo import UndoStack
 from ..targets.presets import preset_modules
 from .sequence_tiles import default_tile_tokens, tiled_module_call
 
@@ -83,13 +83,17 @@ class TiledForward(BlockForward):
         return out
 
 
-class TiledMLPHandle(NotPicklable):
+class TiledMLPHandle(UndoStack):
     """What tile_mlp() returns: the tiled modules (`mlps`) and remove()."""
 
     _pickled_what = "its TiledMLPHandle"
 
     def __init__(self, wrappers: List[TiledForward]):
+        super().__init__()
         self._wrappers = wrappers
+        self.push(self._wrappers.clear)  # undone last: mlps lists nothing once removed
+        for wrapper in wrappers:
+            self.replace_forward(wrapper.block, wrapper)
 
     @property
     def mlps(self) -> List[nn.Module]:
@@ -99,11 +103,6 @@ class TiledMLPHandle(NotPicklable):
         """{sequence length: tokens per tile} as decided so far (the first MLP's, which all share
         where the default sizes them: they see the same input size and memory)."""
         return dict(self._wrappers[0].tiles) if self._wrappers else {}
-
-    def remove(self) -> None:
-        for wrapper in self._wrappers:
-            set_forward(wrapper.block, wrapper.inner)
-        self._wrappers = []
 
 
 def find_mlps(model: nn.Module, blocks: Optional[Iterable[nn.Module]] = None) -> List[nn.Module]:
@@ -135,7 +134,4 @@ def tile_mlp(model: nn.Module, blocks: Optional[Iterable[nn.Module]] = None, *,
         raise ValueError("torch_offload.tile_mlp: no MLP to tile (mlps is empty)")
     if any(isinstance(m.__dict__.get("forward"), TiledForward) for m in modules):
         raise ValueError("torch_offload.tile_mlp: an MLP is tiled already; call remove() first")
-    wrappers = [TiledForward(mlp, tile_tokens) for mlp in modules]
-    for wrapper in wrappers:
-        set_forward(wrapper.block, wrapper)
-    return TiledMLPHandle(wrappers)
+    return TiledMLPHandle([TiledForward(mlp, tile_tokens) for mlp in modules])
