@@ -11,8 +11,8 @@ TORCH_LIBRARY(offload, m) {
   // handle" viewing the copy that holds t's elements; offload_unpack returns t again on `device`.
   m.def("offload_pack(Tensor t, int manager) -> Tensor");
   // The same for the save hooks' plain tensors, after the filter `filter` of the manager decided
-  // (csrc/save_filter.h): (save handle or None, decision: 0 offloaded, 1 kept, 2 caller decides,
-  // 3 a leaf without grad: the caller calls again with not_a_weight=True unless it is a weight).
+  // (csrc/save_filter.h): (save handle or None, the decision's code, csrc/save_decision.h). For a
+  // leaf without grad the caller calls again with not_a_weight=True unless it is a weight.
   m.def(
       "offload_pack_filtered(Tensor t, int manager, int filter, bool not_a_weight=False) -> "
       "(Tensor, int)");
