@@ -24,7 +24,7 @@ from ..blocks import BlockForward, find_blocks, set_forward
 from ..copies import NotPicklable, copy_attributes
 from ..hooks.empty_steps import warn_nothing_offloaded
 from ..hooks.hook_scopes import HookScopes
-from .._engine.manager import OffloadManager
+from .._engine.manager import MANAGER_DEFAULTS, OffloadManager
 from .._engine import node_budget
 from ..hooks import weight_tokens
 
@@ -274,7 +274,7 @@ def offload_layers(
     manager=None,
     host_budget_bytes: int = 0,
     node_host_budget_bytes: int = 0,
-    max_in_flight: int = 4,
+    max_in_flight: int = MANAGER_DEFAULTS.max_in_flight,
 ) -> LayerOffloadHandle:
     """Keeps the frozen parameters of each layer in (pinned) host memory; see the module docstring.
 

@@ -9,7 +9,7 @@ import dataclasses
 import difflib
 from typing import Dict, Iterable, Optional, Union
 
-from .._engine.manager import DEFAULT_DISK_DIR
+from .._engine.manager import DEFAULT_DISK_DIR, MANAGER_DEFAULTS
 
 # Why a keyword a user may write is not an option, or what they may have meant; a mode adds its own.
 HINTS = {
@@ -58,7 +58,7 @@ class ManagerOptions:
     keep_on_device_bytes: the newest saves, up to this many bytes, stay on the GPU uncopied.
     """
 
-    max_in_flight: int = 4
+    max_in_flight: int = MANAGER_DEFAULTS.max_in_flight
     prefetch_depth: Optional[int] = None
     host_budget_bytes: int = 0
     node_host_budget_bytes: int = 0

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 from typing import Optional
 
+from ..._engine.manager import MANAGER_DEFAULTS
 from ..mode import Mode
 from ..options import OptionError, check_bool, check_int
 from .candidates import CANDIDATES, default_candidates, install_candidate, is_candidate
@@ -29,7 +30,7 @@ class AutoOptions:
     memory_budget_gb: Optional[float] = None
     trial_steps: int = 3
     candidates: Optional[list] = None
-    max_in_flight: int = 4
+    max_in_flight: int = MANAGER_DEFAULTS.max_in_flight
     host_budget_bytes: int = 0
     use_reentrant: bool = False
 
