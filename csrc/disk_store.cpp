@@ -38,6 +38,12 @@ bool block_aligned(const void* data) {
 DiskStore::DiskStore(const std::string& directory, int io_threads, DirectIo direct_io)
     : directory_(directory), policy_(direct_io) {
   TORCH_CHECK(!directory_.empty(), "torch_offload: the disk tier needs a directory (disk_dir)");
+  // The system reads a path up to its first NUL: a longer string would name another directory.
+  const size_t nul = directory_.find('\0');
+  TORCH_CHECK(nul == std::string::npos,
+              "torch_offload: disk_dir contains a NUL character at position ", nul, " (after '",
+              directory_.substr(0, nul), "'): a path cannot contain one; pass the directory's path",
+              " without it");
   TORCH_CHECK(io_threads >= 1, "torch_offload: need at least one IO thread");
   if (::mkdir(directory_.c_str(), 0700) != 0 && errno != EEXIST) {
     TORCH_CHECK(false, "torch_offload: cannot create disk_dir ", directory_, ": ",

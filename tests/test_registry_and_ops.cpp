@@ -223,6 +223,12 @@ TEST(OffloadManagerClassTest, InvalidConfigIsRejected) {
   EXPECT_THROW(c10::make_intrusive<OffloadManager>(-1, 1, 0), c10::Error);
   EXPECT_THROW(c10::make_intrusive<OffloadManager>(4, -1, 0), c10::Error);
   EXPECT_THROW(c10::make_intrusive<OffloadManager>(4, 1, -5), c10::Error);
+  const testing::TempDir dir;
+  const std::string error = error_of([&] {
+    c10::make_intrusive<OffloadManager>(4, 1, 0, false, dir.path() + std::string(1, '\0') + "x",
+                                        /*disk_only=*/true);
+  });
+  EXPECT_NE(error.find("disk_dir contains a NUL character"), std::string::npos) << error;
 }
 
 // What the Python package reads from the library instead of repeating it: every statistic once,

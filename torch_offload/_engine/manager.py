@@ -82,6 +82,9 @@ def OffloadManager(
     if disk_direct_io not in (True, False, "auto") or not isinstance(disk_direct_io, (bool, str)):
         raise ValueError(f"torch_offload.OffloadManager: disk_direct_io={disk_direct_io!r}; expected "
                          "True, False or 'auto'")
+    if "\0" in str(disk_dir):
+        raise ValueError(f"torch_offload.OffloadManager: disk_dir={disk_dir!r} contains a NUL character "
+                         "('\\0'); a path cannot contain one: pass the directory's path without it")
     if keep_on_device_bytes == "auto":
         raise ValueError("torch_offload.OffloadManager: keep_on_device_bytes='auto' is taken by "
                          "apply(mode='all' | 'modules'), which size the window from the link each step; "

@@ -77,6 +77,8 @@ class ManagerOptions:
             raise OptionError(f"disk_direct_io={self.disk_direct_io!r}; expected True, False or 'auto'")
         if self.disk_dir is not None and not isinstance(self.disk_dir, str):
             object.__setattr__(self, "disk_dir", str(self.disk_dir))  # a pathlib.Path
+        if self.disk_dir is not None and "\0" in self.disk_dir:
+            raise OptionError(f"disk_dir={self.disk_dir!r} contains a NUL character; expected a directory's path")
 
     def manager_kwargs(self) -> dict:
         """OffloadManager's keyword arguments for these options (prefetch_depth where set)."""
