@@ -2,9 +2,14 @@
 
 #include <chrono>
 
+#include "thread_start.h"
+
 namespace torch_offload {
 
-DeferredReleaser::DeferredReleaser() : worker_([this] { run(); }) {}
+DeferredReleaser::DeferredReleaser()
+    : worker_(start_thread("the offload manager's releaser thread (it frees offloaded tensors' "
+                           "memory once their copies finish)",
+                           FaultSite::kReleaserThreadStart, [this] { run(); })) {}
 
 DeferredReleaser::~DeferredReleaser() {
   {

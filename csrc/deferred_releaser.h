@@ -17,6 +17,7 @@ class DeferredReleaser {
   using Fence = std::function<void()>;    // blocks until the guarding device work completed
   using Payload = std::function<void()>;  // drops references / returns buffers
 
+  // Starts the thread; a clear error where the system cannot start one (thread_start.h).
   DeferredReleaser();
   ~DeferredReleaser();  // waits for every fence and runs every payload
   DeferredReleaser(const DeferredReleaser&) = delete;

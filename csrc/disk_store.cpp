@@ -12,10 +12,10 @@
 #include <chrono>
 #include <cstdint>
 #include <random>
-#include <system_error>
 
 #include "disk_io.h"
 #include "fault_injection.h"
+#include "thread_start.h"
 
 namespace torch_offload {
 namespace {
@@ -38,6 +38,12 @@ bool block_aligned(const void* data) {
 DiskStore::DiskStore(const std::string& directory, int io_threads, DirectIo direct_io)
     : directory_(directory), policy_(direct_io) {
   TORCH_CHECK(!directory_.empty(), "torch_offload: the disk tier needs a directory (disk_dir)");
+  // The system reads a path up to its first NUL: a longer string would name another directory.
+  const size_t nul = directory_.find('\0');
+  TORCH_CHECK(nul == std::string::npos,
+              "torch_offload: disk_dir contains a NUL character at position ", nul, " (after '",
+              directory_.substr(0, nul), "'): a path cannot contain one; pass the directory's path",
+              " without it");
   TORCH_CHECK(io_threads >= 1, "torch_offload: need at least one IO thread");
   if (::mkdir(directory_.c_str(), 0700) != 0 && errno != EEXIST) {
     TORCH_CHECK(false, "torch_offload: cannot create disk_dir ", directory_, ": ",
@@ -60,18 +66,17 @@ DiskStore::DiskStore(const std::string& directory, int io_threads, DirectIo dire
     TORCH_WARN("torch_offload: the filesystem of disk_dir ", directory_,
                " does not do direct IO (O_DIRECT): the disk tier goes through the page cache");
   }
+  // Reserved first: a started thread is never dropped by a failed reallocation (std::terminate).
+  threads_.reserve(static_cast<size_t>(io_threads));
   try {
     for (int i = 0; i < io_threads; ++i) {
-      if (fault_injected(FaultSite::kIoThreadStart)) {
-        throw std::system_error(EAGAIN, std::generic_category(), "injected by a test");
-      }
-      threads_.emplace_back([this] { run(); });
+      threads_.push_back(start_thread("the disk tier's IO thread " + std::to_string(i + 1) +
+                                          " of " + std::to_string(io_threads),
+                                      FaultSite::kIoThreadStart, [this] { run(); }));
     }
-  } catch (const std::exception& e) {
-    const size_t started = threads_.size();
+  } catch (...) {
     close_all();  // joins the threads started: a joinable std::thread must not be destroyed
-    TORCH_CHECK(false, "torch_offload: cannot start the disk tier's IO thread ", started + 1,
-                " of ", io_threads, ": ", e.what());
+    throw;
   }
 }
 

@@ -12,6 +12,7 @@ enum class FaultSite : int {
   kDiskRestoreStaging,    // staging buffer of a disk read on restore
   kHandleContext,         // the handle's owner record (save, every tier)
   kIoThreadStart,         // starting a DiskStore IO thread
+  kReleaserThreadStart,   // starting a DeferredReleaser's thread (each Manager has one)
   kDiskNoTmpfile,         // the filesystem of disk_dir has no O_TMPFILE (fallback path)
   kCount,
 };

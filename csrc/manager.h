@@ -10,6 +10,10 @@
 // together: one mutex (mutex_) guards the entries, their save order, the window, the batch and the
 // event counters, which change together. Device copies are started under it; the in-flight bound
 // and a tier's IO are waited for without it, so that other threads' saves and restores go on.
+//
+// Its member definitions, by concern: manager.cpp (construction, devices, handles, statistics),
+// manager_save.cpp (saves, batches, sources), manager_window.cpp (the window of saves kept on the
+// device) and manager_restore.cpp (restores and prefetch).
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 

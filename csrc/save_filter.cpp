@@ -20,13 +20,13 @@ SaveFilter::Decision SaveFilter::kept(int64_t nbytes) {
   kept_stats_.saved_tensors++;
   kept_stats_.kept_saves++;
   kept_stats_.kept_bytes += nbytes;
-  return kKeep;
+  return Decision::kKeep;
 }
 
 SaveFilter::Decision SaveFilter::decide(const at::Tensor& t, bool not_a_weight) {
   if (!t.defined() || t.layout() != c10::kStrided || t.is_quantized() || t.is_nested() ||
       t.is_conj() || t.is_neg() || t.numel() == 0 || !t.has_storage()) {
-    return kCallerDecides;
+    return Decision::kCallerDecides;
   }
   const int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
   const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
@@ -44,10 +44,11 @@ SaveFilter::Decision SaveFilter::decide(const at::Tensor& t, bool not_a_weight) 
     counts_.largest_under_min_bytes = std::max(counts_.largest_under_min_bytes, nbytes);
     return kept(nbytes);
   }
-  if (!op_output && !not_a_weight) return kLeafWithoutGrad;  // perhaps a frozen nn.Parameter
+  // Perhaps a frozen nn.Parameter: only the caller can tell.
+  if (!op_output && !not_a_weight) return Decision::kLeafWithoutGrad;
   counts_.offloaded++;
   record_locked(t);
-  return kOffload;
+  return Decision::kOffload;
 }
 
 void SaveFilter::record(const at::Tensor& t) {

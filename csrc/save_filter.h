@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "offload_stats.h"
+#include "save_decision.h"
 
 namespace torch_offload {
 
@@ -28,7 +29,7 @@ class SaveFilter {
  public:
   // kLeafWithoutGrad: a leaf that does not require grad, or a view of one, on no kept storage and
   // not under min_bytes.
-  enum Decision : int64_t { kOffload = 0, kKeep = 1, kCallerDecides = 2, kLeafWithoutGrad = 3 };
+  using Decision = SaveDecision;
   // Monotonic (never reset): what the warning compares before and after a step.
   struct StepCounts {
     int64_t offloaded = 0;

@@ -24,14 +24,15 @@ at::Tensor offload_pack(const at::Tensor& t, int64_t manager) {
 
 // The save hooks' pack for a plain tensor: the filter decides (save_filter.h), and an offloaded
 // tensor is packed as by offload_pack. The save handle is undefined (None in Python) unless the
-// decision is SaveFilter::kOffload.
+// decision is SaveDecision::kOffload; the decision is returned as its code (save_decision.h).
 std::tuple<at::Tensor, int64_t> offload_pack_filtered(const at::Tensor& t, int64_t manager,
                                                       int64_t filter, bool not_a_weight) {
   at::AutoDispatchBelowADInplaceOrView guard;
   const auto found = torch_offload::find_manager(manager);
   const auto decision = found->save_filters().get(filter)->decide(t, not_a_weight);
-  if (decision != torch_offload::SaveFilter::kOffload) return {at::Tensor(), decision};
-  return {found->saved_regions().pack(t), decision};
+  const auto code = static_cast<int64_t>(decision);
+  if (decision != torch_offload::SaveDecision::kOffload) return {at::Tensor(), code};
+  return {found->saved_regions().pack(t), code};
 }
 
 at::Tensor offload_unpack(const at::Tensor& save, c10::Device device, int64_t manager) {

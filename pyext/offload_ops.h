@@ -7,11 +7,15 @@
 
 #include <tuple>
 
+#include "csrc/save_decision.h"
+
 namespace torch_offload_pyext {
 
-// offload_pack_filtered's decisions (csrc/save_filter.h; save_filter.py).
-constexpr int64_t kKeep = 1;
-constexpr int64_t kLeafWithoutGrad = 3;
+// offload_pack_filtered's decisions, as the op returns them (declared in csrc/save_decision.h, a
+// header of constants only: nothing of the engine is called or linked from here).
+constexpr int64_t kKeep = static_cast<int64_t>(torch_offload::SaveDecision::kKeep);
+constexpr int64_t kLeafWithoutGrad =
+    static_cast<int64_t>(torch_offload::SaveDecision::kLeafWithoutGrad);
 
 using PackOp = std::tuple<at::Tensor, int64_t>(const at::Tensor&, int64_t, int64_t, bool);
 using UnpackOp = at::Tensor(const at::Tensor&, c10::Device, int64_t);

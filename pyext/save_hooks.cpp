@@ -11,7 +11,8 @@
 // Python whether it is a frozen parameter), errors (named by Python).
 //
 // Layering: the Python package's C part. It calls the ops (torch_library/) through the dispatcher,
-// as Python does, and never the engine (csrc/) directly.
+// as Python does, and never the engine (csrc/) directly; from csrc/ it takes only the codes of
+// the filter's decisions (csrc/save_decision.h, constants).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <Python.h>
 #include <torch/csrc/Exceptions.h>

@@ -172,3 +172,17 @@ def test_a_disk_handle_reads_as_its_data_once_written(tmp_path):
         restore(h.t(), CPU, m.id())
     h.add_(1)  # writes to the mapping are the process's own: the file keeps the saved bytes
     assert torch.equal(restore(h, CPU, m.id()), x)
+
+
+def test_a_nul_character_in_disk_dir_is_refused(tmp_path):
+    # The system reads a path up to its first NUL: the files used to go to the directory named by
+    # the part before it.
+    inside = tmp_path / "tier"
+    cut = str(inside) + "\0more"
+    with pytest.raises(ValueError, match=r"torch_offload.OffloadManager: disk_dir='.*tier\\x00more' contains a NUL"):
+        torch_offload.OffloadManager(disk_dir=cut, disk_only=True)
+    with pytest.raises(RuntimeError, match=rf"disk_dir contains a NUL character at position {len(str(inside))} "):
+        torch.classes.offload.OffloadManager(4, 1, 0, False, cut, True)
+    with pytest.raises(ValueError, match=r"apply\(mode='disk'\): disk_dir='.*' contains a NUL character"):
+        torch_offload.apply(torch.nn.Sequential(torch.nn.Linear(4, 4)), "disk", disk_dir=cut)
+    assert not inside.exists()

@@ -1,5 +1,6 @@
 // DeferredReleaser: payloads run only after their fences, the in-flight count and its bound,
-// drain() and the destructor.
+// drain() and the destructor; a thread the system cannot start, and the Manager that owns it.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -10,12 +11,16 @@
 #include <vector>
 
 #include "csrc/deferred_releaser.h"
+#include "csrc/fault_injection.h"
+#include "csrc/manager.h"
+#include "fake_transfer.h"
 #include "test_util.h"
 
 namespace torch_offload {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::error_of;
 using testing::finishes_within;
 using testing::kSettle;
 
@@ -274,6 +279,44 @@ TEST(DeferredReleaserTest, ManyProducersAllPayloadsRun) {
   EXPECT_EQ(ran.load(), 2000);
   EXPECT_EQ(releaser.in_flight(), 0);
   EXPECT_LE(releaser.in_flight_peak(), 8 + 3) << "each producer can overshoot by one at most";
+}
+
+// A thread the system refuses (a process or container at its limit of threads) used to surface as
+// the bare "Resource temporarily unavailable" of std::thread. The error names the thread, keeps the
+// system's reason and says what to do.
+void expect_clear_thread_error(const std::string& message) {
+  for (const char* part :
+       {"torch_offload: cannot start the offload manager's releaser thread",
+        "Resource temporarily unavailable", "limit of threads", "this process runs", "ulimit -u"}) {
+    EXPECT_NE(message.find(part), std::string::npos) << "missing '" << part << "' in: " << message;
+  }
+}
+
+class ReleaserThreadStartTest : public ::testing::Test {
+ protected:
+  void TearDown() override { clear_injected_faults(); }
+};
+
+TEST_F(ReleaserThreadStartTest, AThreadThatCannotStartIsAClearError) {
+  inject_fault(FaultSite::kReleaserThreadStart, /*skip=*/0, /*times=*/1);
+  expect_clear_thread_error(error_of([] { DeferredReleaser releaser; }));
+  // Once the system starts threads again, so does a releaser.
+  DeferredReleaser releaser;
+  std::atomic<bool> ran{false};
+  releaser.release_after(
+      open_fence(), [&] { ran = true; }, 0);
+  releaser.drain();
+  EXPECT_TRUE(ran.load());
+}
+
+TEST_F(ReleaserThreadStartTest, AManagerWhoseReleaserCannotStartIsAClearErrorAndNoManager) {
+  inject_fault(FaultSite::kReleaserThreadStart, /*skip=*/0, /*times=*/1);
+  expect_clear_thread_error(error_of(
+      [] { Manager::create(ManagerConfig{}, std::make_shared<testing::FakeTransfer>()); }));
+  auto manager = Manager::create(ManagerConfig{}, std::make_shared<testing::FakeTransfer>());
+  const at::Tensor x = at::arange(16, at::kFloat);
+  const at::Tensor h = manager->save(x);
+  EXPECT_TRUE(at::equal(manager->restore(h, testing::kCPU), x));
 }
 
 }  // namespace

@@ -355,5 +355,22 @@ TEST_F(DiskHandleTest, AnIoThreadThatCannotStartIsAClearError) {
   EXPECT_EQ(dir_.files(), 0);
 }
 
+// A NUL inside disk_dir used to cut the path there: the files went to the directory named by the
+// part before it. Refused, naming disk_dir, before anything is created.
+TEST_F(DiskHandleTest, ANulCharacterInDiskDirIsRefused) {
+  const std::string inside = dir_.path() + "/tier";
+  for (const bool disk_only : {true, false}) {
+    ManagerConfig config = config_for(disk_only ? TierKind::kDisk : TierKind::kSpill, inside);
+    config.disk_dir = inside + std::string(1, '\0') + "more";
+    const std::string error = error_of([&] { Manager::create(config); });
+    EXPECT_NE(error.find("disk_dir contains a NUL character at position " +
+                         std::to_string(inside.size())),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("after '" + inside + "'"), std::string::npos) << error;
+    EXPECT_FALSE(std::filesystem::exists(inside)) << "the path was cut at the NUL and used";
+  }
+}
+
 }  // namespace
 }  // namespace torch_offload

@@ -7,12 +7,14 @@
 #include <torch/cuda.h>
 #include <torch/custom_class.h>
 
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "csrc/manager.h"
 #include "csrc/manager_registry.h"
+#include "csrc/save_decision.h"
 #include "fake_transfer.h"
 #include "test_util.h"
 #include "torch_library/offload_manager.h"
@@ -221,6 +223,72 @@ TEST(OffloadManagerClassTest, InvalidConfigIsRejected) {
   EXPECT_THROW(c10::make_intrusive<OffloadManager>(-1, 1, 0), c10::Error);
   EXPECT_THROW(c10::make_intrusive<OffloadManager>(4, -1, 0), c10::Error);
   EXPECT_THROW(c10::make_intrusive<OffloadManager>(4, 1, -5), c10::Error);
+  const testing::TempDir dir;
+  const std::string error = error_of([&] {
+    c10::make_intrusive<OffloadManager>(4, 1, 0, false, dir.path() + std::string(1, '\0') + "x",
+                                        /*disk_only=*/true);
+  });
+  EXPECT_NE(error.find("disk_dir contains a NUL character"), std::string::npos) << error;
+}
+
+// What the Python package reads from the library instead of repeating it: every statistic once,
+// with stats() reporting exactly those; the manager's defaults, as the class applies them; the
+// filter's decisions by name.
+TEST(EngineConstantsTest, StatNamesAreStatsKeysInOrderAndUnique) {
+  const auto names = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("offload::stat_names", "")
+                         .typed<std::vector<std::string>()>()
+                         .call();
+  const auto& declared = OffloadStats::names;
+  ASSERT_EQ(names, std::vector<std::string>(declared.begin(), declared.end()));
+  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()).size(), names.size());
+  std::vector<std::string> items;
+  for (const auto& [name, value] : OffloadStats{}.items()) items.push_back(name);
+  EXPECT_EQ(items, names);
+  auto om = c10::make_intrusive<OffloadManager>(4, 1, 0);
+  const auto stats = om->stats();
+  EXPECT_EQ(stats.size(), names.size());
+  for (const std::string& name : names) EXPECT_TRUE(stats.contains(name)) << name;
+}
+
+TEST(EngineConstantsTest, ManagerDefaultsAreThoseTheClassApplies) {
+  const auto defaults = c10::Dispatcher::singleton()
+                            .findSchemaOrThrow("offload::manager_defaults", "")
+                            .typed<c10::Dict<std::string, int64_t>()>()
+                            .call();
+  const ManagerConfig config;
+  EXPECT_EQ(defaults.at("max_in_flight"), config.max_in_flight);
+  EXPECT_EQ(defaults.at("prefetch_depth"), config.prefetch_depth);
+  EXPECT_EQ(defaults.at("host_budget_bytes"), config.host_budget_bytes);
+  EXPECT_EQ(defaults.at("keep_on_device_bytes"), config.keep_on_device_bytes);
+  // The defaults of the class's constructor, which TorchScript and Python apply.
+  auto cls = torch::getCustomClass("__torch__.torch.classes.offload.OffloadManager");
+  ASSERT_NE(cls, nullptr);
+  const auto& arguments = cls->getMethod("__init__").getSchema().arguments();
+  int64_t checked = 0;
+  for (const c10::Argument& argument : arguments) {
+    if (!defaults.contains(argument.name())) continue;
+    ASSERT_TRUE(argument.default_value().has_value()) << argument.name();
+    EXPECT_EQ(argument.default_value()->toInt(), defaults.at(argument.name())) << argument.name();
+    checked++;
+  }
+  EXPECT_EQ(checked, static_cast<int64_t>(defaults.size()));
+  auto om = c10::make_intrusive<OffloadManager>(config.max_in_flight, config.prefetch_depth,
+                                                config.host_budget_bytes);
+  EXPECT_EQ(om->keep_on_device_bytes(), defaults.at("keep_on_device_bytes"));
+}
+
+TEST(EngineConstantsTest, SaveDecisionsByName) {
+  const auto decisions = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("offload::save_decisions", "")
+                             .typed<c10::Dict<std::string, int64_t>()>()
+                             .call();
+  ASSERT_EQ(decisions.size(), kSaveDecisionNames.size());
+  EXPECT_EQ(decisions.at("offload"), static_cast<int64_t>(SaveDecision::kOffload));
+  EXPECT_EQ(decisions.at("keep"), static_cast<int64_t>(SaveDecision::kKeep));
+  EXPECT_EQ(decisions.at("caller_decides"), static_cast<int64_t>(SaveDecision::kCallerDecides));
+  EXPECT_EQ(decisions.at("leaf_without_grad"),
+            static_cast<int64_t>(SaveDecision::kLeafWithoutGrad));
 }
 
 TEST(OffloadManagerClassTest, CustomClassIsRegisteredWithPickleSupport) {

@@ -9,8 +9,6 @@
 namespace torch_offload {
 namespace {
 
-using Decision = SaveFilter::Decision;
-
 // An activation: the output of an op, with autograd history.
 torch::Tensor activation(std::vector<int64_t> sizes) {
   return torch::randn(sizes, torch::requires_grad()) * 2;
@@ -19,9 +17,9 @@ torch::Tensor activation(std::vector<int64_t> sizes) {
 TEST(SaveFilterTest, OpOutputsAreOffloadedAndWeightsKept) {
   SaveFilter filter(/*min_bytes=*/0, /*record=*/false);
   const torch::Tensor weight = torch::randn({4, 4}, torch::requires_grad());
-  EXPECT_EQ(filter.decide(activation({4, 4})), SaveFilter::kOffload);
-  EXPECT_EQ(filter.decide(weight), SaveFilter::kKeep);
-  EXPECT_EQ(filter.decide(weight.t()), SaveFilter::kKeep);  // what a linear saves
+  EXPECT_EQ(filter.decide(activation({4, 4})), SaveDecision::kOffload);
+  EXPECT_EQ(filter.decide(weight), SaveDecision::kKeep);
+  EXPECT_EQ(filter.decide(weight.t()), SaveDecision::kKeep);  // what a linear saves
   const SaveFilter::StepCounts counts = filter.step_counts();
   EXPECT_EQ(counts.offloaded, 1);
   EXPECT_EQ(counts.kept_other, 2);
@@ -30,24 +28,24 @@ TEST(SaveFilterTest, OpOutputsAreOffloadedAndWeightsKept) {
 TEST(SaveFilterTest, AViewOfAnActivationIsOffloaded) {
   SaveFilter filter(0, false);
   const torch::Tensor h = activation({8, 4});
-  EXPECT_EQ(filter.decide(h.t()), SaveFilter::kOffload);
-  EXPECT_EQ(filter.decide(h.narrow(0, 2, 3)), SaveFilter::kOffload);
+  EXPECT_EQ(filter.decide(h.t()), SaveDecision::kOffload);
+  EXPECT_EQ(filter.decide(h.narrow(0, 2, 3)), SaveDecision::kOffload);
 }
 
 TEST(SaveFilterTest, KeptStoragesStayWhateverTheView) {
   SaveFilter filter(0, false);
   const torch::Tensor buffer = activation({6, 6});  // e.g. a buffer computed once
   filter.keep(buffer);
-  EXPECT_EQ(filter.decide(buffer), SaveFilter::kKeep);
-  EXPECT_EQ(filter.decide(buffer.narrow(1, 1, 2)), SaveFilter::kKeep);
-  EXPECT_EQ(filter.decide(activation({6, 6})), SaveFilter::kOffload);
+  EXPECT_EQ(filter.decide(buffer), SaveDecision::kKeep);
+  EXPECT_EQ(filter.decide(buffer.narrow(1, 1, 2)), SaveDecision::kKeep);
+  EXPECT_EQ(filter.decide(activation({6, 6})), SaveDecision::kOffload);
 }
 
 TEST(SaveFilterTest, TensorsUnderMinBytesStayAndTheLargestIsCounted) {
   SaveFilter filter(/*min_bytes=*/64, false);
-  EXPECT_EQ(filter.decide(activation({4})), SaveFilter::kKeep);   // 16 bytes
-  EXPECT_EQ(filter.decide(activation({12})), SaveFilter::kKeep);  // 48 bytes
-  EXPECT_EQ(filter.decide(activation({16})), SaveFilter::kOffload);
+  EXPECT_EQ(filter.decide(activation({4})), SaveDecision::kKeep);   // 16 bytes
+  EXPECT_EQ(filter.decide(activation({12})), SaveDecision::kKeep);  // 48 bytes
+  EXPECT_EQ(filter.decide(activation({16})), SaveDecision::kOffload);
   const SaveFilter::StepCounts counts = filter.step_counts();
   EXPECT_EQ(counts.under_min_bytes, 2);
   EXPECT_EQ(counts.largest_under_min_bytes, 48);
@@ -67,37 +65,37 @@ TEST(SaveFilterTest, WhatTheEngineCannotTellIsLeftToTheCaller) {
   SaveFilter filter(0, false);
   // A leaf without grad may be a frozen nn.Parameter (a Python notion) or a plain input.
   const torch::Tensor leaf = torch::randn({4, 4});
-  EXPECT_EQ(filter.decide(leaf), SaveFilter::kLeafWithoutGrad);
-  EXPECT_EQ(filter.decide(leaf.t()), SaveFilter::kLeafWithoutGrad);
-  EXPECT_EQ(filter.decide(activation({0})), SaveFilter::kCallerDecides);  // no data
+  EXPECT_EQ(filter.decide(leaf), SaveDecision::kLeafWithoutGrad);
+  EXPECT_EQ(filter.decide(leaf.t()), SaveDecision::kLeafWithoutGrad);
+  EXPECT_EQ(filter.decide(activation({0})), SaveDecision::kCallerDecides);  // no data
   const torch::Tensor complex = torch::randn({4}, torch::kComplexFloat) * 2;
-  EXPECT_EQ(filter.decide(complex.conj()), SaveFilter::kCallerDecides);
-  EXPECT_EQ(filter.decide(activation({4, 4}).to_sparse()), SaveFilter::kCallerDecides);
+  EXPECT_EQ(filter.decide(complex.conj()), SaveDecision::kCallerDecides);
+  EXPECT_EQ(filter.decide(activation({4, 4}).to_sparse()), SaveDecision::kCallerDecides);
   const SaveFilter::StepCounts counts = filter.step_counts();
   EXPECT_EQ(counts.offloaded + counts.kept_other + counts.under_min_bytes, 0);
   // Told that the leaf is no weight, the engine decides it like an op's output: offloaded, or kept
   // under min_bytes, and counted either way. Saying so changes nothing for the tensors above.
-  EXPECT_EQ(filter.decide(leaf.t(), /*not_a_weight=*/true), SaveFilter::kOffload);
-  EXPECT_EQ(filter.decide(complex.conj(), true), SaveFilter::kCallerDecides);
+  EXPECT_EQ(filter.decide(leaf.t(), /*not_a_weight=*/true), SaveDecision::kOffload);
+  EXPECT_EQ(filter.decide(complex.conj(), true), SaveDecision::kCallerDecides);
   EXPECT_EQ(filter.step_counts().offloaded, 1);
   // A leaf under min_bytes stays whatever it is: the engine keeps it without asking.
   SaveFilter small_kept(1024, false);
-  EXPECT_EQ(small_kept.decide(leaf), SaveFilter::kKeep);  // 64 bytes
-  EXPECT_EQ(small_kept.decide(leaf.t(), true), SaveFilter::kKeep);
+  EXPECT_EQ(small_kept.decide(leaf), SaveDecision::kKeep);  // 64 bytes
+  EXPECT_EQ(small_kept.decide(leaf.t(), true), SaveDecision::kKeep);
   EXPECT_EQ(small_kept.step_counts().under_min_bytes, 2);
   // A frozen weight on a kept storage is the engine's to keep, told or not.
   filter.keep(leaf);
-  EXPECT_EQ(filter.decide(leaf.t()), SaveFilter::kKeep);
-  EXPECT_EQ(filter.decide(leaf.t(), true), SaveFilter::kKeep);
+  EXPECT_EQ(filter.decide(leaf.t()), SaveDecision::kKeep);
+  EXPECT_EQ(filter.decide(leaf.t(), true), SaveDecision::kKeep);
 }
 
 TEST(SaveFilterTest, RecordsEachOffloadedStorageOnceAndSeesItFreed) {
   SaveFilter filter(0, /*record=*/true);
   torch::Tensor h = activation({8, 8});
   const torch::Tensor kept_alive = activation({4, 8});
-  EXPECT_EQ(filter.decide(h), SaveFilter::kOffload);
-  EXPECT_EQ(filter.decide(h.t()), SaveFilter::kOffload);  // the same storage: recorded once
-  EXPECT_EQ(filter.decide(kept_alive), SaveFilter::kOffload);
+  EXPECT_EQ(filter.decide(h), SaveDecision::kOffload);
+  EXPECT_EQ(filter.decide(h.t()), SaveDecision::kOffload);  // the same storage: recorded once
+  EXPECT_EQ(filter.decide(kept_alive), SaveDecision::kOffload);
   SaveFilter::Report report = filter.report();
   EXPECT_EQ(report.storages, 2);
   EXPECT_EQ(report.expected_bytes, 8 * 8 * 4 + 4 * 8 * 4);
@@ -107,13 +105,13 @@ TEST(SaveFilterTest, RecordsEachOffloadedStorageOnceAndSeesItFreed) {
   EXPECT_EQ(report.freed_bytes, 8 * 8 * 4);
   // A save the caller decided (a plain leaf without grad) is recorded through record().
   const torch::Tensor leaf = torch::randn({2, 8});
-  EXPECT_EQ(filter.decide(leaf), SaveFilter::kLeafWithoutGrad);
+  EXPECT_EQ(filter.decide(leaf), SaveDecision::kLeafWithoutGrad);
   filter.record(leaf);
   filter.record(leaf.t());
   EXPECT_EQ(filter.report().storages, 3);
   // Told that a leaf is no weight, the filter records it itself.
   const torch::Tensor input = torch::randn({3, 8});
-  EXPECT_EQ(filter.decide(input, /*not_a_weight=*/true), SaveFilter::kOffload);
+  EXPECT_EQ(filter.decide(input, /*not_a_weight=*/true), SaveDecision::kOffload);
   EXPECT_EQ(filter.report().storages, 4);
   filter.reset_record();
   EXPECT_EQ(filter.report().storages, 0);
@@ -121,7 +119,7 @@ TEST(SaveFilterTest, RecordsEachOffloadedStorageOnceAndSeesItFreed) {
 
 TEST(SaveFilterTest, WithoutRecordNothingIsRecorded) {
   SaveFilter filter(0, false);
-  EXPECT_EQ(filter.decide(activation({4})), SaveFilter::kOffload);
+  EXPECT_EQ(filter.decide(activation({4})), SaveDecision::kOffload);
   filter.record(torch::randn({4}));
   EXPECT_EQ(filter.report().storages, 0);
 }
@@ -136,8 +134,8 @@ TEST(SaveFiltersTest, FiltersByIdAndTheirStatsSummed) {
   const int64_t a = filters.add(0, false);
   const int64_t b = filters.add(1 << 20, false);
   EXPECT_NE(a, b);
-  EXPECT_EQ(filters.get(b)->decide(activation({4})), SaveFilter::kKeep);
-  EXPECT_EQ(filters.get(a)->decide(activation({4})), SaveFilter::kOffload);
+  EXPECT_EQ(filters.get(b)->decide(activation({4})), SaveDecision::kKeep);
+  EXPECT_EQ(filters.get(a)->decide(activation({4})), SaveDecision::kOffload);
   filters.get(a)->keep(torch::randn({2}));
   OffloadStats stats;
   filters.add_stats(stats);

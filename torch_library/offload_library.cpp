@@ -11,8 +11,8 @@ TORCH_LIBRARY(offload, m) {
   // handle" viewing the copy that holds t's elements; offload_unpack returns t again on `device`.
   m.def("offload_pack(Tensor t, int manager) -> Tensor");
   // The same for the save hooks' plain tensors, after the filter `filter` of the manager decided
-  // (csrc/save_filter.h): (save handle or None, decision: 0 offloaded, 1 kept, 2 caller decides,
-  // 3 a leaf without grad: the caller calls again with not_a_weight=True unless it is a weight).
+  // (csrc/save_filter.h): (save handle or None, the decision's code, csrc/save_decision.h). For a
+  // leaf without grad the caller calls again with not_a_weight=True unless it is a weight.
   m.def(
       "offload_pack_filtered(Tensor t, int manager, int filter, bool not_a_weight=False) -> "
       "(Tensor, int)");
@@ -20,17 +20,31 @@ TORCH_LIBRARY(offload, m) {
   // Eager save hooks only: begin (or end and issue) a batch of the manager's device-to-host copies
   // for the saves of this thread (Manager::begin_batch; mode "modules", per selected module call).
   m.def("offload_batch(int manager, bool begin) -> ()");
+  // What the engine declares once, for the Python package to read rather than repeat: the names
+  // of the statistics stats() reports (csrc/offload_stats.h), the defaults of the manager's integer
+  // options (csrc/manager_config.h), and the codes of offload_pack_filtered's decisions by name
+  // (csrc/save_decision.h).
+  m.def("stat_names() -> str[]");
+  m.def("manager_defaults() -> Dict(str, int)");
+  m.def("save_decisions() -> Dict(str, int)");
 
   using torch_offload::OffloadManager;
+  // The constructor's defaults are ManagerConfig's (csrc/manager_config.h).
+  const torch_offload::ManagerConfig defaults;
   m.class_<OffloadManager>("OffloadManager")
-      .def(torch::init<int64_t, int64_t, int64_t, bool, std::string, bool, bool, int64_t, bool,
-                       bool>(),
-           "",
-           {torch::arg("max_in_flight") = 4, torch::arg("prefetch_depth") = 1,
-            torch::arg("host_budget_bytes") = 0, torch::arg("synchronous") = false,
-            torch::arg("disk_dir") = "", torch::arg("disk_only") = false,
-            torch::arg("release_sources_on_save") = false, torch::arg("keep_on_device_bytes") = 0,
-            torch::arg("disk_direct_io") = false, torch::arg("disk_direct_io_auto") = false})
+      .def(
+          torch::init<int64_t, int64_t, int64_t, bool, std::string, bool, bool, int64_t, bool,
+                      bool>(),
+          "",
+          {torch::arg("max_in_flight") = defaults.max_in_flight,
+           torch::arg("prefetch_depth") = defaults.prefetch_depth,
+           torch::arg("host_budget_bytes") = defaults.host_budget_bytes,
+           torch::arg("synchronous") = defaults.synchronous,
+           torch::arg("disk_dir") = defaults.disk_dir, torch::arg("disk_only") = defaults.disk_only,
+           torch::arg("release_sources_on_save") = defaults.release_sources_on_save,
+           torch::arg("keep_on_device_bytes") = defaults.keep_on_device_bytes,
+           torch::arg("disk_direct_io") = defaults.disk_direct_io,
+           torch::arg("disk_direct_io_auto") = defaults.disk_direct_io_auto})
       .def("id", &OffloadManager::id)
       .def("stats", &OffloadManager::stats)
       .def("reset_stats", &OffloadManager::reset_stats)

@@ -20,10 +20,15 @@ class OffloadManager : public torch::CustomClassHolder {
   // and disk_dir.
   using State = std::tuple<std::vector<int64_t>, std::string>;
 
+  // The defaults are ManagerConfig's (csrc/manager_config.h).
   OffloadManager(int64_t max_in_flight, int64_t prefetch_depth, int64_t host_budget_bytes,
-                 bool synchronous = false, std::string disk_dir = "", bool disk_only = false,
-                 bool release_sources_on_save = false, int64_t keep_on_device_bytes = 0,
-                 bool disk_direct_io = false, bool disk_direct_io_auto = false);
+                 bool synchronous = ManagerConfig{}.synchronous,
+                 std::string disk_dir = ManagerConfig{}.disk_dir,
+                 bool disk_only = ManagerConfig{}.disk_only,
+                 bool release_sources_on_save = ManagerConfig{}.release_sources_on_save,
+                 int64_t keep_on_device_bytes = ManagerConfig{}.keep_on_device_bytes,
+                 bool disk_direct_io = ManagerConfig{}.disk_direct_io,
+                 bool disk_direct_io_auto = ManagerConfig{}.disk_direct_io_auto);
 
   int64_t id() const { return manager_->id(); }
   c10::Dict<std::string, double> stats() const;

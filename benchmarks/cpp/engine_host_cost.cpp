@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
       manager->begin_batch();
       for (const at::Tensor& t : saved[c]) {
         const auto decision = filter->decide(t, /*not_a_weight=*/true);
-        handles[c].push_back(decision == torch_offload::SaveFilter::kOffload
+        handles[c].push_back(decision == torch_offload::SaveDecision::kOffload
                                  ? manager->saved_regions().pack(t)
                                  : at::Tensor());
       }

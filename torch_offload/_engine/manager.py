@@ -1,5 +1,7 @@
 """OffloadManager construction, the process-wide default manager, and statistics: the manager's
-own (C++) counters merged with those of the Python hooks that use it."""
+own (C++) counters merged with those of the Python hooks that use it. The engine's defaults,
+decision codes and statistics' names are declared once, in C++, and read here from the library."""
+import collections
 import os
 import tempfile
 import threading
@@ -10,7 +12,23 @@ import torch
 from . import node_budget
 from .library import load_library
 
-load_library()  # torch.classes.offload.OffloadManager
+load_library()  # torch.classes.offload.OffloadManager, torch.ops.offload.*
+
+
+def _named(type_name: str, values) -> tuple:
+    """`values` (name -> value) as a namedtuple: read by attribute, immutable."""
+    values = dict(values)
+    return collections.namedtuple(type_name, values)(**values)
+
+
+# The defaults of the manager's integer options (max_in_flight, prefetch_depth, host_budget_bytes,
+# keep_on_device_bytes): ManagerConfig's, csrc/manager_config.h.
+MANAGER_DEFAULTS = _named("ManagerDefaults", torch.ops.offload.manager_defaults())
+# The codes offload_pack_filtered returns for the save hooks' filter's decisions (offload, keep,
+# caller_decides, leaf_without_grad): csrc/save_decision.h.
+DECISIONS = _named("SaveDecisions", torch.ops.offload.save_decisions())
+# The names of the engine's statistics, the keys of manager.stats(): csrc/offload_stats.h.
+STAT_NAMES = tuple(torch.ops.offload.stat_names())
 # Where the disk tier writes when mode="disk" is given no disk_dir.
 DEFAULT_DISK_DIR = os.path.join(tempfile.gettempdir(), "torch_offload")
 _default = None
@@ -20,15 +38,15 @@ _stats_lock = threading.Lock()
 
 
 def OffloadManager(
-    max_in_flight: int = 4,
-    prefetch_depth: int = 1,
-    host_budget_bytes: int = 0,
+    max_in_flight: int = MANAGER_DEFAULTS.max_in_flight,
+    prefetch_depth: int = MANAGER_DEFAULTS.prefetch_depth,
+    host_budget_bytes: int = MANAGER_DEFAULTS.host_budget_bytes,
     synchronous: bool = False,
     disk_dir: str = "",
     disk_only: bool = False,
     release_sources_on_save: bool = False,
     node_host_budget_bytes: int = 0,
-    keep_on_device_bytes: int = 0,
+    keep_on_device_bytes: int = MANAGER_DEFAULTS.keep_on_device_bytes,
     disk_direct_io=False,
 ):
     """Creates a torch.classes.offload.OffloadManager.
@@ -64,6 +82,9 @@ def OffloadManager(
     if disk_direct_io not in (True, False, "auto") or not isinstance(disk_direct_io, (bool, str)):
         raise ValueError(f"torch_offload.OffloadManager: disk_direct_io={disk_direct_io!r}; expected "
                          "True, False or 'auto'")
+    if "\0" in str(disk_dir):
+        raise ValueError(f"torch_offload.OffloadManager: disk_dir={disk_dir!r} contains a NUL character "
+                         "('\\0'); a path cannot contain one: pass the directory's path without it")
     if keep_on_device_bytes == "auto":
         raise ValueError("torch_offload.OffloadManager: keep_on_device_bytes='auto' is taken by "
                          "apply(mode='all' | 'modules'), which size the window from the link each step; "

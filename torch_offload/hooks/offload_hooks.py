@@ -33,13 +33,16 @@ from .._engine.dtensors import join_local, split_local
 from .._engine.layouts import Packed, compact_layout, rebuild
 from ..copies import NotPicklable
 from .empty_steps import StepCounts
-from .._engine.manager import DEFAULT_DISK_DIR, OffloadManager, register_stats_source
+from .._engine.manager import DECISIONS, DEFAULT_DISK_DIR, STAT_NAMES, OffloadManager, register_stats_source
 from .._engine.manager import reset_stats as manager_reset_stats
 from .._engine.manager import stats as manager_stats
-from .save_filter import KEEP, LEAF_WITHOUT_GRAD, SaveFilter
+from .save_filter import SaveFilter
 from .saved_regions import SavedRegions, SavedView, SaveCounters
 
 HOOK_MODES = ("all", "sync", "disk")  # the modes whose saves these hooks offload
+# offload_pack_filtered's decisions that the hooks act on (the engine's codes): kept on the device,
+# and a leaf without grad (asked again with not_a_weight=True unless it is a frozen parameter).
+KEEP, LEAF_WITHOUT_GRAD = DECISIONS.keep, DECISIONS.leaf_without_grad
 
 
 def canonical_mode(mode) -> str:
@@ -169,7 +172,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
 
         # Saves of one storage region share one copy (the engine's table, saved_regions.py); the
         # engine counts those saves and the filter's kept ones, these counters the Python path's.
-        self.counters = SaveCounters()
+        self.counters = SaveCounters(STAT_NAMES)
         self.regions = SavedRegions(manager)
         register_stats_source(manager, self.counters)
         counters = self.counters

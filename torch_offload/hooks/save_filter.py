@@ -2,7 +2,8 @@
 from Python: its counts, and its record of the storages offloaded since a reset (modules mode's
 report). For a leaf that does not require grad (or a view of one) the engine asks whether it is a
 frozen parameter, a Python notion; told it is not, it decides it like any activation (a second op
-call, LEAF_WITHOUT_GRAD), otherwise the hooks keep it. Saves the engine leaves to the hooks (tensor
+call, after the decision DECISIONS.leaf_without_grad: the engine's codes, _engine/manager.py),
+otherwise the hooks keep it. Saves the engine leaves to the hooks (tensor
 subclasses such as DTensor, non-strided tensors, frozen parameters) are decided in Python and
 recorded in the engine's record too."""
 import weakref
@@ -10,10 +11,6 @@ import weakref
 import torch
 
 from .._engine.dtensors import is_dtensor
-
-# offload_pack_filtered's decisions (LEAF_WITHOUT_GRAD: a leaf that does not require grad or a
-# view of one; called again with not_a_weight=True, the engine decides it like an op's output)
-OFFLOAD, KEEP, CALLER_DECIDES, LEAF_WITHOUT_GRAD = 0, 1, 2, 3
 
 
 class SaveFilter:

@@ -13,23 +13,28 @@ from .._engine.library import load_save_hooks
 
 
 class SaveCounters:
-    """Python-side statistics of the offload hooks, since the last reset (see manager.stats)."""
+    """Python-side statistics of the offload hooks, since the last reset (see manager.stats): what
+    the hooks' Python path saved, added to the engine's statistics of the same names (saved_tensors,
+    offloaded_saves, kept_bytes, ...). `names`: the engine's statistics (manager.STAT_NAMES), the
+    only names add() takes. snapshot() holds the names counted since the reset."""
 
-    FIELDS = ("saved_tensors", "offloaded_saves", "shared_saves", "saved_bytes",
-              "distinct_bytes_saved", "kept_saves", "kept_bytes")
-
-    def __init__(self):
+    def __init__(self, names):
+        self._names = tuple(names)
+        self._known = frozenset(self._names)
         self._lock = threading.Lock()
         self.reset()
 
     def reset(self) -> None:
         with self._lock:
-            self._values = dict.fromkeys(self.FIELDS, 0)
+            self._values = {}
 
     def add(self, **amounts) -> None:
         with self._lock:
             for name, amount in amounts.items():
-                self._values[name] += amount
+                if name not in self._known:
+                    raise KeyError(f"SaveCounters.add: {name!r} is none of the engine's statistics "
+                                   f"({', '.join(self._names)})")
+                self._values[name] = self._values.get(name, 0) + amount
 
     def snapshot(self) -> dict:
         with self._lock:
