@@ -113,10 +113,3 @@ class BlockForward(NotPicklable):
     def training_with_grad(self) -> bool:
         return self.block.training and torch.is_grad_enabled()
 
-
-def set_forward(block: nn.Module, forward) -> None:
-    """Installs `forward` (a wrapper), or with None goes back to the class's forward."""
-    if forward is None:
-        block.__dict__.pop("forward", None)
-    else:
-        block.forward = forward

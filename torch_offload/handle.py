@@ -11,7 +11,8 @@ from typing import List
 from torch import nn
 
 from ._engine.manager import stats as manager_stats
-from .blocks import BlockForward, set_forward
+from .blocks import BlockForward
+from .undo import set_forward
 from .kv_cache import disable_kv_caches
 from .undo import UndoStack
 

@@ -22,7 +22,7 @@ from typing import List, NamedTuple, Optional
 from torch import nn
 
 from ._engine import node_budget
-from .config.manager_options import ManagerOptions
+from .config.mode_options import ManagerOptions
 from .config.offload_config import OffloadConfig
 from .config.parts import ChunkedLossOptions, LayerOffloadingOptions, TilingOptions
 from .layers.frozen_weights import available_host_bytes

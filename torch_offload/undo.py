@@ -9,7 +9,6 @@ from typing import Callable, List
 
 from torch import nn
 
-from .blocks import set_forward
 from .copies import NotPicklable
 
 class _Absent:
@@ -32,6 +31,14 @@ def put_back(obj, name: str, previous) -> None:
         setattr(obj, name, previous)
     elif name in getattr(obj, "__dict__", {}):
         delattr(obj, name)
+
+
+def set_forward(module: nn.Module, forward) -> None:
+    """Installs `forward` (a wrapper) as the module's, or with None goes back to its class's."""
+    if forward is None:
+        module.__dict__.pop("forward", None)
+    else:
+        module.forward = forward
 
 
 class UndoStack(NotPicklable):

@@ -18,7 +18,8 @@ module's forward, while a hook on the model runs outside the compiled graph.
 """
 from torch import nn
 
-from ..blocks import BlockForward, set_forward
+from ..blocks import BlockForward
+from ..undo import set_forward
 
 
 class _DetachedLogitsForward(BlockForward):

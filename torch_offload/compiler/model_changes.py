@@ -14,8 +14,7 @@ import functools
 import torch
 from torch import nn
 
-from ..blocks import set_forward
-from ..undo import ABSENT, UndoStack, put_back
+from ..undo import ABSENT, UndoStack, put_back, set_forward
 from . import hf_causal_mask, hf_logits
 
 # The attributes a Hugging Face model's gradient_checkpointing_enable() sets: on each module with a

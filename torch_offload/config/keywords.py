@@ -7,9 +7,8 @@ import difflib
 from typing import Dict
 
 from .errors import OptionError
-from .manager_options import ManagerOptions
 from .offload_config import OffloadConfig
-from .mode_options import canonical_mode, mode_names, options_taken_by, options_type
+from .mode_options import ManagerOptions, canonical_mode, mode_names, options_taken_by, options_type
 
 # apply()'s own keywords besides the mode's options.
 APPLY_KEYWORDS = ("mode", "blocks", "manager", "layer_offloading", "chunked_loss", "tiling", "long_context")

@@ -9,7 +9,7 @@ from typing import Optional
 
 from ..loss.chunked_loss import DEFAULT_CHUNK_TOKENS
 from .errors import OptionTypeError, OptionValueError, check_bool, check_int
-from .defaults import MAX_IN_FLIGHT
+from .._engine.manager import MANAGER_DEFAULTS
 
 
 def _from_value(cls, name: str, value, example: str, number_field: Optional[str] = None):
@@ -40,7 +40,7 @@ class LayerOffloadingOptions:
         (0: what is available), this rank's / the node's.
     """
 
-    max_in_flight: int = MAX_IN_FLIGHT
+    max_in_flight: int = MANAGER_DEFAULTS.max_in_flight
     host_budget_bytes: int = 0
     node_host_budget_bytes: int = 0
 

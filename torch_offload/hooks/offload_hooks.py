@@ -26,14 +26,15 @@ from .._engine.ops import offload_batch, offload_pack, offload_pack_filtered, of
 
 from .._engine import node_budget
 from ..config.aliases import ALIASES, unalias
-from ..config.defaults import ACTIVATIONS_MIN_BYTES, MAX_IN_FLIGHT
+from ..config.defaults import ACTIVATIONS_MIN_BYTES
 from . import weight_tokens
 from .._engine.dtensors import is_dtensor as _is_dtensor
 from .._engine.dtensors import join_local, split_local
 from .._engine.layouts import Packed, compact_layout, rebuild
 from ..copies import NotPicklable
 from .empty_steps import StepCounts
-from .._engine.manager import DECISIONS, DEFAULT_DISK_DIR, STAT_NAMES, OffloadManager, register_stats_source
+from .._engine.manager import (DECISIONS, DEFAULT_DISK_DIR, MANAGER_DEFAULTS, STAT_NAMES, OffloadManager,
+                               register_stats_source)
 from .._engine.manager import reset_stats as manager_reset_stats
 from .._engine.manager import stats as manager_stats
 from .save_filter import SaveFilter
@@ -121,7 +122,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         mode="all",
         *,
         min_bytes: int = ACTIVATIONS_MIN_BYTES,
-        max_in_flight: int = MAX_IN_FLIGHT,
+        max_in_flight: int = MANAGER_DEFAULTS.max_in_flight,
         prefetch_depth: int = 4,
         host_budget_bytes: int = 0,
         node_host_budget_bytes: int = 0,

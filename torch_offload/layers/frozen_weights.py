@@ -20,14 +20,14 @@ from torch import nn
 
 from .._engine.ops import offload_restore, offload_save
 from .._engine.dtensors import is_dtensor as _is_dtensor
-from ..blocks import BlockForward, find_blocks, set_forward
+from ..blocks import BlockForward, find_blocks
+from ..undo import set_forward
 from ..copies import copy_attributes
 from ..undo import UndoStack
 from ..hooks.empty_steps import warn_nothing_offloaded
 from ..hooks.hook_scopes import HookScopes
-from .._engine.manager import OffloadManager
+from .._engine.manager import MANAGER_DEFAULTS, OffloadManager
 from .._engine import node_budget
-from ..config.defaults import MAX_IN_FLIGHT
 from ..hooks import weight_tokens
 
 _WRAPPED = "_torch_offload_layer"  # attribute marking a block wrapped by offload_layers
@@ -292,7 +292,7 @@ def offload_layers(
     manager=None,
     host_budget_bytes: int = 0,
     node_host_budget_bytes: int = 0,
-    max_in_flight: int = MAX_IN_FLIGHT,
+    max_in_flight: int = MANAGER_DEFAULTS.max_in_flight,
 ) -> LayerOffloadHandle:
     """Keeps the frozen parameters of each layer in (pinned) host memory; see the module docstring.
 

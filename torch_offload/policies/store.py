@@ -104,13 +104,15 @@ class OffloadStore:
 
 class KeptBytes:
     """The bytes of products KeptStores kept on the device, as a stats source of their manager
-    (stats()["policy_kept_bytes"]: manager.register_stats_source)."""
+    (stats()[KeptBytes.STAT]: manager.register_stats_source)."""
+
+    STAT = "policy_kept_bytes"  # the one statistic the Python package adds to the engine's
 
     def __init__(self):
         self.bytes = 0
 
     def snapshot(self) -> dict:
-        return {"policy_kept_bytes": self.bytes}
+        return {self.STAT: self.bytes}
 
     def reset(self) -> None:
         self.bytes = 0

@@ -46,6 +46,7 @@ from typing import Callable, List, Optional
 import torch
 from torch import nn
 
+from ...policies.store import KeptBytes
 from .kept_products import can_keep_mlp, next_kept_trial
 from .unchecked_tail import TailProbe, next_tail_trial
 from .trials import GB, Phase, Trial, TrialResult, plain_result
@@ -68,7 +69,7 @@ class _Step:
 
     def __init__(self, stats: dict):
         self.bytes_to_host = stats.get("bytes_to_host", 0)
-        self.kept_bytes = stats.get("policy_kept_bytes", 0)
+        self.kept_bytes = stats.get(KeptBytes.STAT, 0)
         self.started = time.perf_counter()
 
 
@@ -179,7 +180,7 @@ class AutoController:
             self._timed.append((seconds, torch.cuda.max_memory_allocated() / GB if cuda else None,
                                 stats.get("bytes_to_host", 0) - step.bytes_to_host,
                                 probe.early_peak_gb if cuda and probe is not None else None,
-                                stats.get("policy_kept_bytes", 0) - step.kept_bytes))
+                                stats.get(KeptBytes.STAT, 0) - step.kept_bytes))
             if probe is not None:
                 probe.early_peak_gb = None
         if self._steps < self.options.trial_steps:
