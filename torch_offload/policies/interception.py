@@ -65,12 +65,11 @@ class _BlockCalls(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # The pass-through is the hot path (every torch call of the block): nothing else is read.
-        if func is _SDPA or func is _LINEAR:
-            if not torch.compiler.is_compiling() and _innermost_scope() is self.scope:
-                if func is _SDPA:
-                    return _attention(self.scope, func, args, kwargs or {})
-                if self.linear:
-                    return _linear(self.scope, func, args, kwargs or {})
+        if (func is _SDPA or (func is _LINEAR and self.linear)) and not torch.compiler.is_compiling() \
+                and _innermost_scope() is self.scope:
+            if func is _SDPA:
+                return _attention(self.scope, func, args, kwargs or {})
+            return _linear(self.scope, func, args, kwargs or {})
         return func(*args, **kwargs) if kwargs else func(*args)
 
 
