@@ -160,3 +160,95 @@ def test_a_peft_model_drops_the_mask_too():
     theirs = _loss_and_grads(reference, input_ids=ids, labels=ids)
     assert all(call == (False, True) for call in _sdpa_calls(graphs[0]))
     _assert_same_training(mine, theirs)
+
+
+def _ours_in_registries() -> list:
+    """Where transformers' registries still hold our implementation."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = torch_offload.compiler.hf_causal_mask.IMPLEMENTATION
+    places = {"AttentionInterface": AttentionInterface._global_mapping,
+              "AttentionMaskInterface": AttentionMaskInterface._global_mapping,
+              "ALL_ATTENTION_FUNCTIONS": dict(ALL_ATTENTION_FUNCTIONS),
+              "ALL_MASK_ATTENTION_FUNCTIONS": dict(ALL_MASK_ATTENTION_FUNCTIONS)}
+    return [where for where, mapping in places.items() if name in mapping]
+
+
+@pytest.fixture
+def no_switched_model():
+    """Models switched by earlier tests freed (compiled ones sit in reference cycles until collected)."""
+    import gc
+
+    torch._dynamo.reset()
+    gc.collect()
+    assert _ours_in_registries() == []
+
+
+def test_remove_takes_ours_out_of_transformers_registries_once_no_model_uses_it(no_switched_model):
+    first, second = _tiny_llama("cpu", dropout=0.0), _tiny_llama("cpu", dropout=0.0)
+    hooks = (dict(first._forward_pre_hooks), dict(first._forward_hooks))
+    previous = torch_offload.sdpa_is_causal(first)
+    assert previous == "sdpa" and isinstance(previous, str)
+    compiled = torch_offload.compile(second, "hidden_states", backend="aot_eager", sdpa_is_causal=True)
+    assert len(_ours_in_registries()) == 4
+    previous.remove()
+    assert first.config._attn_implementation == "sdpa"
+    assert (dict(first._forward_pre_hooks), dict(first._forward_hooks)) == hooks
+    assert len(_ours_in_registries()) == 4, "the second model still uses it"
+    ids = torch.randint(0, 256, (1, 16))
+    compiled(input_ids=ids, labels=ids).loss.backward()
+    compiled.offload_changes.remove()
+    assert _ours_in_registries() == []
+    assert second.config._attn_implementation == "sdpa"
+    previous.remove()  # a second remove() changes nothing
+    assert _ours_in_registries() == []
+    first(input_ids=ids, labels=ids).loss.backward()  # both train as transformers' own again
+    second(input_ids=ids, labels=ids).loss.backward()
+
+
+def test_a_model_already_switched_is_not_undone_by_a_second_answer(no_switched_model):
+    model = _tiny_llama("cpu", dropout=0.0)
+    previous = torch_offload.sdpa_is_causal(model)
+    again = torch_offload.sdpa_is_causal(model)
+    assert again == "torch_offload_sdpa"
+    again.remove()
+    assert model.config._attn_implementation == "torch_offload_sdpa" and len(_ours_in_registries()) == 4
+    previous.remove()
+    assert model.config._attn_implementation == "sdpa" and _ours_in_registries() == []
+
+
+def test_each_switched_model_notes_its_own_calls(no_switched_model):
+    from torch_offload.compiler import hf_causal_mask
+
+    first, second = _tiny_llama("cpu", dropout=0.0), _tiny_llama("cpu", dropout=0.0)
+    answers = [torch_offload.sdpa_is_causal(first), torch_offload.sdpa_is_causal(second)]
+    seen = []
+    first.model.register_forward_pre_hook(lambda module, args: seen.append(
+        (hf_causal_mask._switches[id(first.config)].plain, hf_causal_mask._switches[id(second.config)].plain)))
+    ids = torch.randint(0, 256, (1, 16))
+    first(input_ids=ids)
+    assert seen == [(True, False)]  # during the first model's plain call, the second's note is untouched
+    assert not hf_causal_mask._switches[id(first.config)].plain  # cleared after the call
+    for answer in answers:
+        answer.remove()
+    assert hf_causal_mask._switches == {} and _ours_in_registries() == []
+
+
+def test_a_deep_copy_keeps_working_after_the_original_is_removed(no_switched_model):
+    import gc
+
+    model = _tiny_llama("cpu", dropout=0.0)
+    previous = torch_offload.sdpa_is_causal(model)
+    twin = copy.deepcopy(model)  # an EMA or teacher copy
+    previous.remove()
+    assert twin.config._attn_implementation == "torch_offload_sdpa" and len(_ours_in_registries()) == 4
+    ids = torch.randint(0, 256, (1, 16))
+    graphs = []
+    _compiled(twin, graphs)(input_ids=ids, labels=ids).loss.backward()
+    assert all(call == (False, True) for call in _sdpa_calls(graphs[0]))  # the copy's own note
+    del twin, graphs
+    torch._dynamo.reset()
+    gc.collect()
+    assert _ours_in_registries() == []

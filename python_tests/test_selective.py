@@ -313,15 +313,31 @@ def test_attention_by_name_leaves_other_threads_sdpa_alone():
     assert torch.equal(other["out"], torch._C._nn.scaled_dot_product_attention(q, q, q))
 
 
-def test_attention_by_name_warns_when_the_block_does_not_call_sdpa(monkeypatch):
-    from torch_offload.policies import interception as attention_offload
-
-    monkeypatch.setattr(attention_offload, "_warned", False)
-    sdpa_imported_early = torch._C._nn.scaled_dot_product_attention
+def test_attention_by_name_intercepts_sdpa_imported_before_the_block_ran():
+    from torch.nn.functional import scaled_dot_product_attention as sdpa_imported_early
 
     def fn(x):
         q = x.view(2, 16, 4, 8).transpose(1, 2)
         return sdpa_imported_early(q, q, q, is_causal=True).sum()
+
+    manager = torch_offload.OffloadManager()
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    torch_offload.selective_checkpoint(fn, x, manager=manager, min_bytes=0).backward()
+    expected = x.grad.clone()
+    x.grad = None
+    fn(x).backward()
+    assert manager.stats()["saves"] == 3  # the block input, the attention output and its logsumexp
+    assert torch.equal(expected, x.grad)
+
+
+def test_attention_by_name_warns_when_the_block_does_not_call_sdpa(monkeypatch):
+    from torch_offload.policies import interception as attention_offload
+
+    monkeypatch.setattr(attention_offload, "_warned", False)
+
+    def fn(x):  # attention through the aten op, not torch.nn.functional's function
+        q = x.view(2, 16, 4, 8).transpose(1, 2)
+        return torch.ops.aten.scaled_dot_product_attention.default(q, q, q, is_causal=True).sum()
 
     x = torch.randn(2, 16, 32, requires_grad=True)
     with pytest.warns(UserWarning, match="policy=torch_offload.policies.attention"):

@@ -35,9 +35,9 @@ class CompileChanges(UndoStack):
         self.model = model
 
     def sdpa_is_causal(self) -> None:
-        previous, hooks = hf_causal_mask.switch(self.model)
-        if hooks:  # the model had ours already: nothing of compile()'s to undo
-            self.push(functools.partial(_switch_back, self.model, previous, hooks))
+        switched = hf_causal_mask.switch(self.model)
+        if switched is not None:  # None: the model had ours already, nothing of compile()'s to undo
+            self.push(switched.remove)
 
     def detach_logits(self) -> None:
         wrapper = hf_logits.install(self.model)
@@ -66,12 +66,6 @@ def _restore_hf_checkpointing(previous, added_hooks) -> None:
         hook.remove()
     for module, name, value in previous:
         put_back(module, name, value)
-
-
-def _switch_back(model: nn.Module, previous: str, hooks) -> None:
-    for hook in hooks:
-        hook.remove()
-    model.set_attn_implementation(previous)
 
 
 def _unwrap(model: nn.Module, wrapper) -> None:

@@ -4,83 +4,87 @@ a dispatch mode over the whole block.
 Through torch's selective checkpointing (per_op.py), every op of a block, forward and recompute,
 passes through two Python dispatch modes so that the policy can pick out the one op that matters:
 tens of microseconds per op, which cost half of a short step's time (docs/performance.md). This path
-intercepts only that op's caller: while a block checkpointed by us runs, the module attribute
-torch.nn.functional.scaled_dot_product_attention is a wrapper. In our non-reentrant checkpoint the
-attention call then runs once, in forward, and is stood in for in the recompute (stand_in.py);
-elsewhere (the reentrant variant, torch's checkpoint) a dispatch mode is entered for that one call
-only (_FusedOutputs), which offloads the fused kernel's outputs into the block's OffloadStore in
-forward and returns them restored in the recompute. Every other op runs at full speed, and the rest
-of the block is recomputed as under plain checkpointing. With projection groups (projections.py)
-torch.nn.functional.linear is wrapped the same way and only calls with one of those modules'
-weights are intercepted, so the recompute skips their matrix products (their backward still gets
-its recomputed input).
+intercepts only the calls that matter, with a torch function mode (_BlockCalls, a
+torch.overrides.TorchFunctionMode) that each run of such a block enters, its forward and its
+recompute, in the thread that runs it: the calls of torch.nn.functional.scaled_dot_product_attention
+and, with projection groups (projections.py), the calls of torch.nn.functional.linear with one of
+those modules' weights. Every other torch function passes through the mode as it is. Nothing
+process-wide changes: torch.nn.functional keeps torch's own functions, and other threads, or code
+outside the blocks, never see the mode.
 
-Each wrapper is installed while at least one block that needs it runs (in any thread; the linear
-one only with projection groups) and removed after, so code outside our blocks, compiled or not,
-sees torch's own functions. Models that call SDPA through a name imported before the block ran
-(`from torch.nn.functional import scaled_dot_product_attention`) are not intercepted: their
-attention is recomputed, and a warning says to pass the policy as a function
-(policy=torch_offload.policies.attention), which takes the per-op path.
+In our non-reentrant checkpoint an intercepted call runs once, in forward, and is stood in for in the
+recompute (stand_in.py): the recompute skips the attention and the projections' matrix products.
+Elsewhere (the reentrant variant, torch's checkpoint), and for a linear call whose tensors are
+subclasses or that autocast casts, a dispatch mode is entered for that one call only (_FusedOutputs),
+which offloads the outputs of its fused kernel or matrix product into the block's OffloadStore in
+forward and returns them restored in the recompute. Every other op runs at full speed, and the rest of
+the block is recomputed as under plain checkpointing.
+
+Inside a region compiled by torch.compile the mode lets every call through (dynamo traces it as if it
+were absent): such a region is recomputed as under plain checkpointing.
 """
 import threading
 import warnings
 
 import torch
-import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..checkpointing.nonreentrant import current_frame, frame_of_context
 from .named import ATTENTION_OPS
-from .stand_in import run_captured, stand_in
+from .stand_in import DISPATCHED, run_captured, stand_in
 
+# The functions a torch function mode is handed for torch.nn.functional.scaled_dot_product_attention
+# and torch.nn.functional.linear: torch's own, whatever the module attributes hold.
+_SDPA = torch._C._nn.scaled_dot_product_attention
+_LINEAR = torch._C._nn.linear
 _MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default})
 _MATH = int(torch.nn.attention.SDPBackend.MATH)  # torch._fused_sdp_choice's answer without a fused kernel
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 _scopes = threading.local()  # .stack: the scopes entered in this thread, innermost last
 _warned = False
 
 
-class _Patch:
-    """One attribute of torch.nn.functional, replaced by our wrapper while at least one scope (in any
-    thread) needs it; `torch_fn` is what the attribute held before, put back after."""
-
-    _lock = threading.Lock()
-
-    def __init__(self, name: str):
-        self.name = name
-        self.count = 0
-        self.torch_fn = None
-        self.wrapper = None
-
-    def install(self) -> None:
-        with self._lock:
-            if self.count == 0:
-                self.torch_fn = getattr(F, self.name)
-                setattr(F, self.name, self.wrapper)
-            self.count += 1
-
-    def uninstall(self) -> None:
-        with self._lock:
-            self.count -= 1
-            if self.count == 0:
-                setattr(F, self.name, self.torch_fn)
-
-
-_SDPA = _Patch("scaled_dot_product_attention")
-_LINEAR = _Patch("linear")  # only while a scope has projection groups: every linear call pays for it
-
-
-def _offloading_sdpa(*args, **kwargs):
+def _innermost_scope():
     stack = getattr(_scopes, "stack", None)
-    if not stack:  # another thread, or outside our blocks: torch's function as is
-        return _SDPA.torch_fn(*args, **kwargs)
-    scope = stack[-1]
+    return stack[-1] if stack else None
+
+
+class _BlockCalls(TorchFunctionMode):
+    """The calls one scope intercepts, while it is the innermost scope of the running thread: torch
+    hands a mode only the calls of the thread it is entered in (the autograd engine does not carry it
+    into backward: a recompute enters its own), and calls made inside __torch_function__ skip the
+    mode, so an intercepted call's own work is not intercepted again. The mode of an outer scope lets
+    every call through, the inner block's attention included. Every torch call of the block passes
+    through Python here, about 130 per Llama decoder layer (forward and recompute)."""
+
+    def __init__(self, scope):
+        super().__init__()
+        self.scope = scope
+        self.linear = bool(scope.projection_weights or scope.kept_weights)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        # The pass-through is the hot path (every torch call of the block): nothing else is read.
+        if (func is _SDPA or (func is _LINEAR and self.linear)) and not torch.compiler.is_compiling() \
+                and _innermost_scope() is self.scope:
+            if func is _SDPA:
+                return _attention(self.scope, func, args, kwargs or {})
+            return _linear(self.scope, func, args, kwargs or {})
+        return func(*args, **kwargs) if kwargs else func(*args)
+
+
+_SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SDPA_DEFAULTS = (None, None, None, None, 0.0, False, None, False)
+
+
+def _attention(scope, sdpa, args, kwargs):
     scope.calls += 1
     if scope.frame is not None and scope.frame is current_frame():
-        return _sdpa_through_frame(scope, args, kwargs)
+        return _attention_through_frame(scope, sdpa, args, kwargs)
     if scope.is_recompute or torch.is_grad_enabled():
         with scope.attention_mode:
-            return _SDPA.torch_fn(*args, **kwargs)
+            return sdpa(*args, **kwargs)
     # The forward of the reentrant variant runs without grad: run this call as the recompute will
     # (grad enabled, query/key/value requiring grad), so that the same kernel is chosen and it
     # computes the logsumexp that backward needs.
@@ -89,15 +93,11 @@ def _offloading_sdpa(*args, **kwargs):
         if name in kwargs:
             kwargs[name] = kwargs[name].detach().requires_grad_()
     with torch.enable_grad(), scope.attention_mode:
-        out = _SDPA.torch_fn(*args, **kwargs)
+        out = sdpa(*args, **kwargs)
     return out.detach()
 
 
-_SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-_SDPA_DEFAULTS = (None, None, None, None, 0.0, False, None, False)
-
-
-def _sdpa_through_frame(scope, args, kwargs):
+def _attention_through_frame(scope, sdpa, args, kwargs):
     """The attention call in a block of our non-reentrant checkpoint (stand_in.py): its saves
     captured in forward, stood in for in the recompute, where it does not run. A call that would
     take the math backend (no fused kernel) runs in both, as under the policy path."""
@@ -108,32 +108,62 @@ def _sdpa_through_frame(scope, args, kwargs):
     frame, store = scope.frame, scope.attention_mode.store
     if scope.is_recompute:
         out = stand_in(frame, store, call_tensors)
-        return out if out is not None else _SDPA.torch_fn(*args, **kwargs)
+        return out if out is not None else sdpa(*args, **kwargs)
     fused = torch._fused_sdp_choice(call["query"], call["key"], call["value"], call["attn_mask"], call["dropout_p"],
                                     call["is_causal"], scale=call["scale"], enable_gqa=call["enable_gqa"])
     if fused == _MATH:
         store.stood_in.append(None)
-        return _SDPA.torch_fn(*args, **kwargs)
-    return run_captured(frame, store, _SDPA.torch_fn, args, kwargs, call_tensors)
+        return sdpa(*args, **kwargs)
+    return run_captured(frame, store, sdpa, args, kwargs, call_tensors)
 
 
-def _offloading_linear(input, weight, bias=None):
-    stack = getattr(_scopes, "stack", None)
-    if stack:
-        scope = stack[-1]
-        if any(weight is w for w in scope.projection_weights):
-            with scope.matmul_mode:
-                return _LINEAR.torch_fn(input, weight, bias)
-        if any(weight is w for w in scope.kept_weights):
-            with scope.keep_mode:
-                out = _LINEAR.torch_fn(input, weight, bias)
-            if not scope.is_recompute:
-                scope.keep_mode.store.watch(out)
+def _linear(scope, linear, args, kwargs):
+    """A linear call: its product offloaded (projection_weights) or kept (kept_weights) where its
+    weight is one of the scope's; any other call as it is."""
+    input, weight, bias = _linear_arguments(*args, **kwargs)
+    if any(weight is w for w in scope.projection_weights):
+        mode = scope.matmul_mode
+    elif any(weight is w for w in scope.kept_weights):
+        mode = scope.keep_mode
+    else:
+        return linear(*args, **kwargs)
+    store = mode.store
+    if scope.frame is not None and scope.frame is current_frame():
+        call_tensors = [input, weight] if bias is None else [input, weight, bias]
+        if scope.is_recompute:
+            if store.stood_in and store.stood_in[0] is DISPATCHED:
+                store.stood_in.pop(0)
+            else:
+                out = stand_in(scope.frame, store, call_tensors)
+                return out if out is not None else linear(*args, **kwargs)
+        elif _stands_in(call_tensors, input.device.type):
+            out = run_captured(scope.frame, store, linear, args, kwargs, call_tensors)
+            if mode is scope.keep_mode:
+                store.watch(out)
             return out
-    return _LINEAR.torch_fn(input, weight, bias)
+        else:
+            store.stood_in.append(DISPATCHED)  # the recompute takes the dispatch mode as well
+    with mode:
+        out = linear(*args, **kwargs)
+    if mode is scope.keep_mode and not scope.is_recompute:
+        store.watch(out)
+    return out
 
 
-_SDPA.wrapper, _LINEAR.wrapper = _offloading_sdpa, _offloading_linear
+def _linear_arguments(input, weight, bias=None):
+    return input, weight, bias
+
+
+def _stands_in(call_tensors, device_type: str) -> bool:
+    """Whether the recompute can stand in for a linear call from its arguments alone: the matrix
+    product saves views of its input and weight (stand_in.py), not casts (autocast) or the
+    tensors of a subclass's own implementation."""
+    if any(type(t) not in _PLAIN_TYPES for t in call_tensors):
+        return False
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        return all(t.dtype == dtype for t in call_tensors[:2])
+    return True
 
 
 class _FusedOutputs(TorchDispatchMode):
@@ -146,13 +176,6 @@ class _FusedOutputs(TorchDispatchMode):
         super().__init__()
         self.ops, self.store, self.is_recompute = ops, store, is_recompute
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo, which costs more per call
-        # than the rest of ours (a few ops per intercepted call, forward and recompute). This mode is
-        # eager only (compiled models go through torch_offload.compile), so no compiled frame needs it.
-        return False
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func not in self.ops:
             return func(*args, **(kwargs or {}))
@@ -164,7 +187,8 @@ class _FusedOutputs(TorchDispatchMode):
 
 
 class _Scope:
-    """The forward or the recompute run of one checkpointed block."""
+    """The forward or the recompute run of one checkpointed block: entered in the thread that runs it,
+    it intercepts that thread's calls until it exits."""
 
     def __init__(self, offloaded, is_recompute: bool, projection_weights: tuple, kept=None, kept_weights: tuple = ()):
         self.attention_mode = _FusedOutputs(ATTENTION_OPS, offloaded, is_recompute)
@@ -174,23 +198,22 @@ class _Scope:
         self.is_recompute = is_recompute
         self.calls = 0
         self.frame = None
+        self.block_calls = None
 
     def __enter__(self):
         if not hasattr(_scopes, "stack"):
             _scopes.stack = []
-        _scopes.stack.append(self)
         self.frame = frame_of_context()  # our non-reentrant checkpoint's, or None
-        _SDPA.install()
-        if self.projection_weights or self.kept_weights:
-            _LINEAR.install()
+        self.block_calls = _BlockCalls(self)
+        self.block_calls.__enter__()
+        _scopes.stack.append(self)
         return self
 
     def __exit__(self, exc_type, *exc):
-        self.frame = None  # the frame holds the recompute, which holds this scope: no cycle
-        if self.projection_weights or self.kept_weights:
-            _LINEAR.uninstall()
-        _SDPA.uninstall()
         _scopes.stack.pop()
+        self.block_calls.__exit__(exc_type, *exc)
+        # The frame holds the recompute, which holds this scope, and the mode holds the scope: no cycle.
+        self.frame = self.block_calls = None
         if exc_type is None and not self.is_recompute and self.calls == 0:
             _warn_not_intercepted()
         return False
@@ -203,9 +226,9 @@ def _warn_not_intercepted():
         warnings.warn(
             "torch_offload selective policy='attention': a checkpointed block made no call to "
             "torch.nn.functional.scaled_dot_product_attention, so nothing in it was offloaded and its "
-            "attention is recomputed. If the model calls SDPA through a name imported earlier, or another "
-            "attention op, pass policy=torch_offload.policies.attention (the function): it finds the fused "
-            "attention ops per op, at a higher cost per op", stacklevel=3)
+            "attention is recomputed. If the model computes attention with another op, or inside a "
+            "torch.compile'd region, pass policy=torch_offload.policies.attention (the function): it finds "
+            "the fused attention ops per op, at a higher cost per op", stacklevel=3)
 
 
 def attention_offload_contexts(offloaded, projection_weights: tuple = (), kept=None, kept_weights: tuple = ()):
