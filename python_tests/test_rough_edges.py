@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import torch_offload
-from conftest import HAS_CUDA
-from test_models import _tiny_llama
+from python_tests.support.devices import HAS_CUDA
+from python_tests.support.llama import _tiny_llama
 
 
 def _train_step(model):

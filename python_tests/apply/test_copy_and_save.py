@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import torch_offload
-from conftest import assert_same_grads
-from test_models import _freeze_layer_weights, _llama_step, _tiny_llama
+from python_tests.support.grads import assert_same_grads
+from python_tests.support.llama import _freeze_layer_weights, _llama_step, _tiny_llama
 
 # "layer_offloading": apply("all", layer_offloading=True), our wrapper around offload_layers' one.
 MODES = ["hidden_states", "all", "sync", "disk", "modules", "selective", "offload_layers", "layer_offloading"]

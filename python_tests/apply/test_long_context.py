@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import torch_offload
-from conftest import DEVICES, cuda_only
-from test_models import _tiny_llama
-from test_tiled_mlp import _assert_same_training, _step
+from python_tests.support.devices import DEVICES, cuda_only
+from python_tests.support.llama import _tiny_llama
+from python_tests.support.tiled_training import _assert_same_training, _step
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -16,7 +16,7 @@ from torch_offload.bench.common import TINY, build_llama, table
 from torch_offload.bench.plot import main as plot_main
 from torch_offload.bench.plot import plot
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EVERY_VARIANT = ["none", "checkpointing", "hf_offload", "hidden_states", "hidden_states_disk",
                  "hidden_states_disk_direct", "selective", "selective:attention+qkv+out_proj", "auto", "modules",
                  "modules:qkv,core_attn", "all", "sync", "disk"]

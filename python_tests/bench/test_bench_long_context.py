@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VARIANTS = ["ckpt", "hf_offload", "ours", "ours_untiled"]
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import GB  # noqa: E402
 from benchmarks.peak_memory import boundary_bound  # noqa: E402
 

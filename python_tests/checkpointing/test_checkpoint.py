@@ -9,35 +9,10 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import torch_offload
-from conftest import DEVICES, assert_same_grads
-from test_models import _steps_match_plain, _tiny_llama
-
-
-class Block(nn.Module):
-    def __init__(self, width=32, dropout=0.2):
-        super().__init__()
-        self.fc1 = nn.Linear(width, 4 * width)
-        self.fc2 = nn.Linear(4 * width, width)
-        self.drop = nn.Dropout(dropout)
-        self.norm = nn.LayerNorm(width)
-
-    def forward(self, x, scale=1.0, *, bias=None, extra=None):
-        h = self.fc2(self.drop(torch.relu(self.fc1(self.norm(x)))))
-        if bias is not None:
-            h = h + bias
-        if extra is not None:
-            h = h * extra["gate"]
-        return x + scale * h
-
-
-def _run(blocks, x, wrap, **kwargs):
-    torch.manual_seed(1234)
-    h = x
-    for block in blocks:
-        h = wrap(block, h, **kwargs)
-    loss = h.square().mean()
-    loss.backward()
-    return loss
+from python_tests.support.checkpoint_blocks import Block, _pair, _run
+from python_tests.support.devices import DEVICES
+from python_tests.support.grads import assert_same_grads
+from python_tests.support.llama import _steps_match_plain, _tiny_llama
 
 
 def _ours(block, h, **kwargs):
@@ -46,14 +21,6 @@ def _ours(block, h, **kwargs):
 
 def _torchs(block, h, **kwargs):
     return torch_checkpoint(block, h, use_reentrant=False, **kwargs)
-
-
-def _pair(device, n=3, dropout=0.2):
-    torch.manual_seed(0)
-    a = nn.ModuleList(Block(dropout=dropout) for _ in range(n)).to(device)
-    b = copy.deepcopy(a)
-    x = torch.randn(4, 16, 32, device=device)
-    return a, b, x
 
 
 @pytest.mark.parametrize("device", DEVICES)

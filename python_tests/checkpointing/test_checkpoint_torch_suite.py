@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointError, GraphExecGroup, set_checkpoint_early_stop
 
-from conftest import DEVICES, cuda_only
-from torch_checkpoint_pair import _assert_matches_torch, ours, theirs
+from python_tests.support.devices import DEVICES, cuda_only
+from python_tests.support.torch_checkpoint_pair import _assert_matches_torch, ours, theirs
 
 
 def _mlp():

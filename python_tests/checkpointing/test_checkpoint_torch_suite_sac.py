@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from torch_checkpoint_pair import _assert_matches_torch, ours, theirs
+from python_tests.support.torch_checkpoint_pair import _assert_matches_torch, ours, theirs
 
 
 # --- nested checkpoints ---------------------------------------------------------------------------

@@ -17,9 +17,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import torch_offload
-from conftest import DEVICES, assert_same_grads, cuda_only
-from test_checkpoint import Block, _pair, _run
-from test_models import _steps_match_plain, _tiny_llama
+from python_tests.support.checkpoint_blocks import Block, _pair, _run
+from python_tests.support.devices import DEVICES, cuda_only
+from python_tests.support.grads import assert_same_grads
+from python_tests.support.llama import _steps_match_plain, _tiny_llama
 
 ours = functools.partial(torch_offload.checkpoint, use_reentrant=True)
 

@@ -9,26 +9,12 @@ import torch
 import torch._dynamo
 
 import torch_offload
-from conftest import DEVICES
-from test_models import _deterministic_attention, _tiny_llama
+from python_tests.support.compiled_graphs import BOUNDARY_BYTES, _check_graphs, _grads, _targets, _two_steps_bit_equal
+from python_tests.support.devices import DEVICES
+from python_tests.support.llama import _tiny_llama
 
-# One layer boundary of the tiny Llama at batch 2 x 32 tokens (fp32): as min_bytes ("all",
-# "selective"), the size threshold that keeps smaller saved values (a logsumexp) resident.
-BOUNDARY_BYTES = 2 * 32 * 64 * 4
-_SAVE = torch.ops.offload.offload_save.default
-_RESTORE = torch.ops.offload.offload_restore.default
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    # The tests inspect the graphs our partitioner rewrites, so it must run: with inductor's and
-    # AOTAutograd's on-disk caches on, a graph compiled by an earlier pytest run is loaded instead
-    # (test_cache_hit_still_offloads covers that path).
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    with torch.compiler.config.patch(force_disable_caches=True):
-        yield
-    torch._dynamo.reset()
+# The tests inspect the graphs our partitioner rewrites (conftest.fresh_dynamo).
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @contextlib.contextmanager
@@ -44,42 +30,6 @@ def _deterministic_algorithms():
 def _nothing_offloaded_at(record) -> list:
     """Where each NothingOffloadedWarning of `record` points (torch warns of its own too)."""
     return [w.filename for w in record if w.category is torch_offload.NothingOffloadedWarning]
-
-
-def _grads(model, ids, device):
-    model.zero_grad(set_to_none=True)
-    with _deterministic_attention(device):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-    return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
-
-def _two_steps_bit_equal(eager, compiled, device):
-    """Two training steps of each: losses and gradients equal bit for bit, no graph break."""
-    ids = torch.randint(0, 256, (2, 32), device=device)
-    for _ in range(2):
-        loss_e, grads_e = _grads(eager, ids, device)
-        loss_c, grads_c = _grads(compiled, ids, device)
-        assert torch.equal(loss_e, loss_c)
-        assert all(torch.equal(a, b) for a, b in zip(grads_e, grads_c))
-    assert not torch._dynamo.utils.counters["graph_break"]
-
-
-def _targets(gm):
-    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
-
-
-def _check_graphs(partitioner, expect_boundaries=None, also=()):
-    """Every graph saves and restores what it offloads; with expect_boundaries, it offloads that many
-    layer inputs and, besides them, exactly the values named in `also`."""
-    assert partitioner.graphs, "the partitioner never ran"
-    for (fwd, bwd), names in zip(partitioner.graphs, partitioner.offloaded):
-        assert _targets(fwd).count(_SAVE) == len(names) > 0
-        assert _targets(bwd).count(_RESTORE) == len(names)
-        assert _SAVE not in _targets(bwd) and _RESTORE not in _targets(fwd)
-        if expect_boundaries is not None:
-            assert sorted(set(names) & set(also)) == sorted(also), names
-            assert len(set(names) - set(also)) == expect_boundaries, names
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -8,8 +8,11 @@ import torch
 from torch import nn
 
 import torch_offload
-from test_compile import BOUNDARY_BYTES, _check_graphs, _targets, _two_steps_bit_equal, fresh_dynamo  # noqa: F401
-from test_models import _tiny_llama
+from python_tests.support.compiled_graphs import BOUNDARY_BYTES, _check_graphs, _targets, _two_steps_bit_equal
+from python_tests.support.llama import _tiny_llama
+
+# Every test here starts from a fresh dynamo with the compile caches off (conftest.fresh_dynamo).
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 _MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 

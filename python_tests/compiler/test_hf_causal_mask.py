@@ -8,7 +8,7 @@ import torch
 import torch._dynamo
 
 import torch_offload
-from test_models import _tiny_llama
+from python_tests.support.llama import _tiny_llama
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,11 @@ import torch
 from torch import nn
 
 import torch_offload
-from test_compile import _grads, fresh_dynamo  # noqa: F401
-from test_models import _tiny_llama
+from python_tests.support.compiled_graphs import _grads
+from python_tests.support.llama import _tiny_llama
+
+# Every test here starts from a fresh dynamo with the compile caches off (conftest.fresh_dynamo).
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _tangents(compiled):

@@ -1,13 +1,13 @@
 """Sequence-parallel hidden states (a DTensor sharded on the sequence dim at every block boundary) on
-2 CPU processes over gloo (python_tests/tp_cases.py): hidden_states mode and torch_offload.checkpoint
+2 CPU processes over gloo (python_tests/support/tp_cases.py): hidden_states mode and torch_offload.checkpoint
 offload the local shard and rebuild the same DTensor in the recompute, all mode offloads DTensor
 activations; fp32 losses and gradients (parameters and the input) bit-equal to torch's checkpoint /
 plain training, and the bytes offloaded are those of the local shards."""
 import pytest
 import torch.distributed as dist
 
-import tp_cases
-from gloo_ranks import run_ranks
+from python_tests.support import tp_cases
+from python_tests.support.gloo_ranks import run_ranks
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without distributed")
 

@@ -2,7 +2,7 @@
 after fully_shard, trains with losses and gradients bit-equal (fp32) to plain FSDP2 (with torch's
 gradient checkpointing for hidden_states); also with reshard_after_forward=False, nested FSDP
 units, FSDP2's CPUOffloadPolicy, and a bf16 MixedPrecisionPolicy (within bf16 tolerance).
-All cases run in one launch of the two ranks (python_tests/fsdp2_cases.py), which takes ~45 s."""
+All cases run in one launch of the two ranks (python_tests/support/fsdp2_cases.py), which takes ~45 s."""
 import importlib.util
 import json
 import subprocess
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-import fsdp2_cases
-from gloo_ranks import run_ranks
+from python_tests.support import fsdp2_cases
+from python_tests.support.gloo_ranks import run_ranks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without distributed")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import gloo_ranks
+from python_tests.support import gloo_ranks
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without distributed")
 

@@ -8,7 +8,7 @@ from urllib.parse import unquote
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")

@@ -10,8 +10,8 @@ import warnings
 import pytest
 
 import torch_offload
-from conftest import DEVICES
-from test_models import _steps_match_plain, _tiny_llama
+from python_tests.support.devices import DEVICES
+from python_tests.support.llama import _steps_match_plain, _tiny_llama
 
 
 def _direct_io_works(directory) -> bool:

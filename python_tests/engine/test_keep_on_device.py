@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import torch_offload
-from conftest import cuda_only
+from python_tests.support.devices import cuda_only
 from torch_offload.hooks import link_budget
 from torch_offload.hooks.link_budget import window_for
 from torch_offload.modes.auto.planner import GB, keep_on_device_bytes_for
-from test_models import _steps_match_plain, _tiny_llama
+from python_tests.support.llama import _steps_match_plain, _tiny_llama
 
 # Every test here runs with the C save hooks and with the Python ones (conftest.save_hooks).
 pytestmark = pytest.mark.usefixtures("save_hooks")

@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cuda_only
+from python_tests.support.devices import cuda_only
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "support"  # where the script is
 
 
 @cuda_only
 @pytest.mark.cuda
 @pytest.mark.parametrize("order", ["drop_handles_then_manager", "drop_manager_then_handles"])
 def test_dropping_a_manager_with_copies_in_flight_returns(order):
-    # The script runs from python_tests/: put the source tree on its path, as it is on this process's
-    # (where the package is not installed, as on the GPU machine, it would not import).
-    path = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)
+    # The script runs from python_tests/support/: put the source tree on its path, as it is on this
+    # process's (where the package is not installed, as on the GPU machine, it would not import).
+    path = os.pathsep.join(p for p in (str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")) if p)
     run = subprocess.run([sys.executable, str(HERE / "manager_drop_script.py"), order],
                          capture_output=True, text=True, timeout=120, cwd=HERE, env=dict(os.environ, PYTHONPATH=path))
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import torch_offload
-from gloo_ranks import run_ranks
-from test_models import _tiny_llama
+from python_tests.support.gloo_ranks import run_ranks
+from python_tests.support.llama import _tiny_llama
 
 # Every test here runs with the C save hooks and with the Python ones (conftest.save_hooks).
 pytestmark = pytest.mark.usefixtures("save_hooks")

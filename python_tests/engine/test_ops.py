@@ -6,7 +6,7 @@ import torch
 from torch.library import opcheck
 
 import torch_offload
-from conftest import DEVICES, cuda_only
+from python_tests.support.devices import DEVICES, cuda_only
 
 save = torch.ops.offload.offload_save
 restore = torch.ops.offload.offload_restore

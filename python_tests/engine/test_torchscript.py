@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 import torch_offload
-from conftest import DEVICES
+from python_tests.support.devices import DEVICES
 
 ROWS, COLS = 8, 16
-RUN_SCRIPTED = Path(__file__).resolve().parents[1] / "build" / "examples" / "cpp" / "run_scripted"
+RUN_SCRIPTED = Path(__file__).resolve().parents[2] / "build" / "examples" / "cpp" / "run_scripted"
 
 
 class SkipEncoderDecoder(nn.Module):
@@ -57,7 +57,7 @@ def scripted_file(tmp_path):
 
 def _env():
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 
 
 @pytest.mark.parametrize("device", DEVICES)

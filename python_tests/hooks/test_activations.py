@@ -7,9 +7,10 @@ import torch
 from torch import nn
 
 import torch_offload
-from conftest import DEVICES, assert_same_grads
-from gloo_ranks import single_rank_mesh
-from test_models import _steps_match_plain, _tiny_llama
+from python_tests.support.devices import DEVICES
+from python_tests.support.gloo_ranks import single_rank_mesh
+from python_tests.support.grads import assert_same_grads
+from python_tests.support.llama import _steps_match_plain, _tiny_llama
 
 # Every test here runs with the C save hooks and with the Python ones (conftest.save_hooks).
 pytestmark = pytest.mark.usefixtures("save_hooks")

@@ -10,7 +10,7 @@ import torch_offload
 from torch_offload._engine import library as _library
 from torch_offload.hooks import saved_regions
 
-from conftest import DEVICES
+from python_tests.support.devices import DEVICES
 
 pytestmark = pytest.mark.skipif(_library.load_save_hooks() is None, reason="the C save hooks were not built")
 

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import torch_offload
-from conftest import DEVICES
-from test_models import _tiny_llama
+from python_tests.support.devices import DEVICES
+from python_tests.support.llama import _tiny_llama
 
 # Every test here runs with the C save hooks and with the Python ones (conftest.save_hooks).
 pytestmark = pytest.mark.usefixtures("save_hooks")

@@ -13,9 +13,9 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 import torch_offload
-from conftest import assert_same_grads
-from test_models import _llama_step, _tiny_llama
-from trainer_runs import make_trainer
+from python_tests.support.grads import assert_same_grads
+from python_tests.support.llama import _llama_step, _tiny_llama
+from python_tests.support.trainer_runs import make_trainer
 from torch_offload.integrations import OffloadCallback, gradient_checkpointing_enable
 from torch_offload.integrations.hf_checkpointing import CheckpointFunction, take_over
 

@@ -13,8 +13,8 @@ from transformers import Trainer, TrainingArguments
 
 import torch_offload
 from torch_offload.integrations import OffloadCallback, apply_prepared, enable, from_config
-from test_models import _freeze_layer_weights, _steps_match_plain, _tiny_llama
-from trainer_runs import TokenDataset, make_trainer
+from python_tests.support.llama import _freeze_layer_weights, _steps_match_plain, _tiny_llama
+from python_tests.support.trainer_runs import TokenDataset, make_trainer
 
 STEPS = 3
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import torch_offload
-from conftest import cuda_only
-from test_models import _steps_match_plain, _tiny_llama
+from python_tests.support.devices import cuda_only
+from python_tests.support.llama import _steps_match_plain, _tiny_llama
 from torch_offload.modes.first_restores import PrefetchFirstRestores
 
 

@@ -22,13 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from test_packaging import OPTIONAL, ROOT, TRAIN_ONE_STEP
+from python_tests.support.distribution import OPTIONAL, ROOT, TRAIN_ONE_STEP
 
 pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
 # The CPU tests run again against the build without a toolkit: the engine's ops, the checkpoints
 # (torch's own test suite among them), every activation mode, layer offloading, long context.
-CPU_SUITE = ("test_ops.py", "test_rough_edges.py", "test_checkpoint.py", "test_checkpoint_torch_suite.py",
-             "test_activations.py", "test_selective.py", "test_layers.py", "test_long_context.py")
+CPU_SUITE = ("engine/test_ops.py", "test_rough_edges.py", "checkpointing/test_checkpoint.py",
+             "checkpointing/test_checkpoint_torch_suite.py", "hooks/test_activations.py",
+             "policies/test_selective.py", "layers/test_layers.py", "apply/test_long_context.py")
 _HIDDEN = ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDACXX", "CUDAToolkit_ROOT", "PYTHONPATH",
            "TORCH_OFFLOAD_LIBRARY", "VIRTUAL_ENV")
 

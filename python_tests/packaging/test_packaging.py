@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import torch_offload
+from python_tests.support.distribution import OPTIONAL, ROOT, TRAIN_ONE_STEP
 
 
 def _run(code, cwd):
@@ -56,40 +57,6 @@ def test_pip_installed_package_carries_its_library(tmp_path):
 
 
 # --- Distribution: metadata, license, requirements, and the torch the library was built against. ---
-
-ROOT = Path(__file__).resolve().parents[1]
-# A training step of a tiny model of blocks under apply(..., "hidden_states"), checked against the
-# same step without offloading; shared with test_build_without_cuda_toolkit.py.
-TRAIN_ONE_STEP = """
-    import copy
-    import torch, torch_offload
-    from torch import nn
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.up, self.down = nn.Linear(64, 128), nn.Linear(128, 64)
-
-        def forward(self, x):
-            return x + self.down(torch.nn.functional.gelu(self.up(x)))
-
-    torch.manual_seed(0)
-    model = nn.Sequential(*[Block() for _ in range(3)])
-    plain = copy.deepcopy(model)
-    handle = torch_offload.apply(model, "hidden_states", blocks=list(model))
-    x = torch.randn(4, 512, 64)
-    for m in (model, plain):
-        optimizer = torch.optim.SGD(m.parameters(), lr=0.1)
-        m(x).square().mean().backward()
-        optimizer.step()
-    for a, b in zip(model.parameters(), plain.parameters()):
-        assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
-    stats = handle.stats()
-    assert stats["bytes_to_host"] > 0, stats
-    handle.remove()
-    print("trained", stats["bytes_to_host"])
-    """
-OPTIONAL = ("transformers", "trl", "peft", "accelerate", "diffusers", "datasets", "matplotlib")
 
 
 def _pyproject():

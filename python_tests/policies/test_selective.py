@@ -11,28 +11,13 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import torch_offload
-from conftest import DEVICES, assert_same_grads, cuda_only
-from test_models import _steps_match_plain, _tiny_llama
+from python_tests.support.devices import DEVICES, cuda_only
+from python_tests.support.grads import assert_same_grads
+from python_tests.support.llama import _steps_match_plain, _tiny_llama
+from python_tests.support.selective import AttentionBlock
 from torch_offload import policies
 
 torch_sac_attention = functools.partial(create_selective_checkpoint_contexts, policies.attention_save)
-
-
-class AttentionBlock(nn.Module):
-    def __init__(self, width=32, heads=4, dropout=0.0):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
-        self.out = nn.Linear(width, width)
-        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Dropout(dropout), nn.Linear(2 * width, width))
-        self.norm = nn.LayerNorm(width)
-
-    def forward(self, x):
-        b, s, w = x.shape
-        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.out(attn.transpose(1, 2).reshape(b, s, w))
-        return x + self.mlp(x)
 
 
 def _stack(device, dropout, n=3):
@@ -338,7 +323,7 @@ def test_attention_by_name_warns_when_the_block_does_not_call_sdpa(monkeypatch):
                                            ("attention+out_proj+fc2", (1, 2)),
                                            ("attention+qkv+out_proj+fc1+fc2", (6, 7))])
 def test_projection_groups_skip_their_products_in_the_recompute(policy, spared, use_reentrant):
-    from test_selective_keep import matmuls_in_backward
+    from python_tests.support.selective import matmuls_in_backward
 
     # 3 layers x the group's Linear modules: products restored, not recomputed.
     matmuls = [matmuls_in_backward(use_reentrant, policy=p)[0] for p in ("attention", policy)]

@@ -8,37 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_offload
-from test_models import _steps_match_plain, _tiny_llama
-
-LAYERS, BATCH, SEQ = 3, 2, 32
-
-
-class _CountMatmuls(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
-        return func(*args, **(kwargs or {}))
-
-
-def matmuls_in_backward(use_reentrant=False, **options):
-    """A tiny Llama step under apply(mode="selective", **options): (matrix products in backward,
-    bytes copied to the host)."""
-    model = _tiny_llama("cpu", 0.0)
-    handle = torch_offload.apply(model, "selective", model.model.layers, min_bytes=0,
-                                 use_reentrant=use_reentrant, **options)
-    ids = torch.randint(0, 256, (BATCH, SEQ))
-    loss = model(input_ids=ids, labels=ids).loss
-    with _CountMatmuls() as counter:
-        loss.backward()
-    copied = handle.stats()["bytes_to_host"]
-    handle.remove()
-    return counter.count, copied
+from python_tests.support.llama import _steps_match_plain, _tiny_llama
+from python_tests.support.selective import LAYERS, matmuls_in_backward
 
 
 @pytest.mark.parametrize("use_reentrant", [False, True])

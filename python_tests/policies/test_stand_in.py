@@ -14,8 +14,8 @@ import torch_offload
 from torch_offload.checkpointing import nonreentrant
 from torch_offload.policies import interception as attention_offload
 from torch_offload.policies import named as policies
-from conftest import DEVICES
-from test_selective import AttentionBlock
+from python_tests.support.devices import DEVICES
+from python_tests.support.selective import AttentionBlock
 
 pytestmark = pytest.mark.skipif(not nonreentrant.available(), reason="the C save hooks are not built")
 

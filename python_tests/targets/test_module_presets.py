@@ -11,8 +11,8 @@ from transformers import MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2Fo
 from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 import torch_offload
-from conftest import assert_same_grads
-from test_models import _freeze_layer_weights, _steps_match_plain, _tiny_llama
+from python_tests.support.grads import assert_same_grads
+from python_tests.support.llama import _freeze_layer_weights, _steps_match_plain, _tiny_llama
 from torch_offload.targets.presets import PRESETS, preset_modules
 from torch_offload.targets.selection import plan_modules
 

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import torch_offload
-from conftest import DEVICES
-from test_models import _freeze_layer_weights, _steps_match_plain, _tiny_llama
+from python_tests.support.devices import DEVICES
+from python_tests.support.llama import _freeze_layer_weights, _steps_match_plain, _tiny_llama
 from transformers.models.llama.modeling_llama import LlamaMLP
 
 # Every test here runs with the C save hooks and with the Python ones (conftest.save_hooks).

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import torch_offload
-from conftest import DEVICES
-from test_models import _steps_match_plain, _tiny_llama
+from python_tests.support.devices import DEVICES
+from python_tests.support.llama import _steps_match_plain, _tiny_llama
 
 
 @pytest.mark.parametrize("device", DEVICES)

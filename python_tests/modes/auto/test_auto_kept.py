@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import torch_offload
-from conftest import DEVICES, cuda_only
-from test_models import _steps_match_plain, _tiny_llama
+from python_tests.support.devices import DEVICES, cuda_only
+from python_tests.support.llama import _steps_match_plain, _tiny_llama
 from torch_offload.apply import MODES
 from torch_offload.modes import AutoOptions
 from torch_offload.modes.auto.candidates import install_candidate

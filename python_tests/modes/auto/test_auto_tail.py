@@ -5,12 +5,12 @@ import pytest
 import torch
 
 import torch_offload
-from conftest import DEVICES, cuda_only
+from python_tests.support.devices import DEVICES, cuda_only
 from torch_offload.apply import MODES
 from torch_offload.modes import AutoOptions
 from torch_offload.modes.auto.candidates import install_candidate
 from torch_offload.modes.auto.tail import TailProbe, first_tail, next_tail, next_tail_trial, window_for_one_more_block
-from test_models import _llama_step, _steps_match_plain, _tiny_llama
+from python_tests.support.llama import _llama_step, _steps_match_plain, _tiny_llama
 
 
 def test_the_first_tail_is_one_block_where_the_early_phase_has_room():
