@@ -27,9 +27,11 @@ from python_tests.support.distribution import OPTIONAL, ROOT, TRAIN_ONE_STEP
 pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
 # The CPU tests run again against the build without a toolkit: the engine's ops, the checkpoints
 # (torch's own test suite among them), every activation mode, layer offloading, long context.
-CPU_SUITE = ("engine/test_ops.py", "test_rough_edges.py", "checkpointing/test_checkpoint.py",
-             "checkpointing/test_checkpoint_torch_suite.py", "hooks/test_activations.py",
-             "policies/test_selective.py", "layers/test_layers.py", "apply/test_long_context.py")
+CPU_SUITE = ("engine/test_ops.py", "engine/test_op_errors.py", "modes/test_options.py",
+             "hooks/test_empty_steps.py", "apply/test_remove.py", "checkpointing/test_block_input.py",
+             "checkpointing/test_checkpoint.py", "checkpointing/test_checkpoint_torch_suite.py",
+             "hooks/test_activations.py", "policies/test_selective.py", "layers/test_layers.py",
+             "apply/test_long_context.py")
 _HIDDEN = ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDACXX", "CUDAToolkit_ROOT", "PYTHONPATH",
            "TORCH_OFFLOAD_LIBRARY", "VIRTUAL_ENV")
 
