@@ -1,6 +1,6 @@
 """The C save hooks (pyext/save_hooks.cpp): built and used, what they give back, references; and the
 Python hooks they stand in for, in a process where the C ones are not loaded. The other hook test
-files run every test with both (conftest.save_hooks), errors included (host budget: test_activations,
+files run every test with both (conftest.save_hooks), errors included (host budget: test_offload_hooks,
 node budget: test_node_budget)."""
 import gc
 import os
