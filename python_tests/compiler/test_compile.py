@@ -9,9 +9,9 @@ import torch
 import torch._dynamo
 
 import torch_offload
-from python_tests.support.compiled_graphs import BOUNDARY_BYTES, _check_graphs, _grads, _targets, _two_steps_bit_equal
+from python_tests.support.compiled_graphs import BOUNDARY_BYTES, _check_graphs, _targets, _two_steps_bit_equal
 from python_tests.support.devices import DEVICES
-from python_tests.support.llama import _tiny_llama
+from python_tests.support.llama import _deterministic_attention, _tiny_llama
 
 # The tests inspect the graphs our partitioner rewrites (conftest.fresh_dynamo).
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -30,6 +30,16 @@ def _deterministic_algorithms():
 def _nothing_offloaded_at(record) -> list:
     """Where each NothingOffloadedWarning of `record` points (torch warns of its own too)."""
     return [w.filename for w in record if w.category is torch_offload.NothingOffloadedWarning]
+
+
+# As support/compiled_graphs.py's, but here: a warning points at the line that ran the step, which
+# test_min_bytes_keeps_small_tensors_resident_and_says_so_once expects in this file.
+def _grads(model, ids, device):
+    model.zero_grad(set_to_none=True)
+    with _deterministic_attention(device):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
 
 @pytest.mark.parametrize("device", DEVICES)
