@@ -106,7 +106,7 @@ def init_ranks(args) -> tuple:
 def exit_without_finalising() -> None:
     """Ends a torchrun script after its process group is destroyed, without finalising the
     interpreter: a collective's worker thread that still has to drop a tensor then would abort the
-    process (a torch bug, see python_tests/gloo_ranks.py)."""
+    process (a torch bug, see python_tests/support/gloo_ranks.py)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -1,33 +1,14 @@
+"""The fixtures every folder shares (helpers that are not fixtures live in python_tests/support/)."""
 import pytest
 import torch
+import torch._dynamo
 
 import torch_offload  # noqa: F401  (loads the library and registers the Python fakes)
-
-HAS_CUDA = torch.cuda.is_available()
-
-_needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-
-
-def cuda_only(test):
-    """A CUDA-only test: skipped without a device, and selected by `pytest -m cuda` on the GPU machine."""
-    return pytest.mark.cuda(_needs_cuda(test))
-
-
-# Every device-generic test runs on CPU (CI) and, where present, on CUDA.
-DEVICES = ["cpu", pytest.param("cuda", marks=[_needs_cuda, pytest.mark.cuda])]
 
 
 @pytest.fixture
 def manager():
     return torch_offload.OffloadManager()
-
-
-def assert_same_grads(model_a, model_b):
-    for (name, a), (_, b) in zip(model_a.named_parameters(), model_b.named_parameters()):
-        if a.grad is None or b.grad is None:
-            assert a.grad is None and b.grad is None, name
-            continue
-        assert torch.equal(a.grad, b.grad), f"{name}: max diff {(a.grad - b.grad).abs().max()}"
 
 
 @pytest.fixture(params=["c", "python"])
@@ -41,3 +22,15 @@ def save_hooks(request, monkeypatch):
     elif _library.load_save_hooks() is None:
         pytest.fail("the C save hooks were not built or not found next to the library")
     return request.param
+
+
+@pytest.fixture
+def fresh_dynamo():
+    # The tests inspect the graphs our partitioner rewrites, so it must run: with inductor's and
+    # AOTAutograd's on-disk caches on, a graph compiled by an earlier pytest run is loaded instead
+    # (test_cache_hit_still_offloads covers that path).
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch.compiler.config.patch(force_disable_caches=True):
+        yield
+    torch._dynamo.reset()

@@ -15,9 +15,9 @@ whose outputs need no gradient is not recomputed. Unlike torch's, keyword argume
 block whose tensor inputs all have requires_grad=False (frozen embeddings, as in LoRA training) still
 gets its parameters' gradients (torch's reentrant checkpoint silently gives none).
 
-Tested: fp32 gradients bit-equal to torch's checkpoints (python_tests/test_reentrant.py), under
+Tested: fp32 gradients bit-equal to torch's checkpoints (python_tests/checkpointing/test_reentrant.py), under
 FSDP2 (python_tests/fsdp2_cases.py) and with a sequence-parallel DTensor block input, offloaded as
-its local shard as in checkpoint() (python_tests/tp_cases.py).
+its local shard as in checkpoint() (python_tests/support/tp_cases.py).
 
 `scopes` (optional): a function returning the forward and the recompute context of one block, like
 a context_fn; the selective "attention" policies pass theirs (policies/interception.py) so that the

@@ -1,0 +1,2 @@
+"""The benchmarks: python -m torch_offload.bench (torch_offload/bench/) and the scripts of
+benchmarks/."""

@@ -1,0 +1,119 @@
+"""FSDP2 (fully_shard) on 2 CPU processes over gloo: every torch_offload mode, applied before or
+after fully_shard, trains with losses and gradients bit-equal (fp32) to plain FSDP2 (with torch's
+gradient checkpointing for hidden_states); also with reshard_after_forward=False, nested FSDP
+units, FSDP2's CPUOffloadPolicy, and a bf16 MixedPrecisionPolicy (within bf16 tolerance).
+All cases run in one launch of the two ranks (python_tests/support/fsdp2_cases.py), which takes ~45 s."""
+import importlib.util
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from python_tests.support import fsdp2_cases
+from python_tests.support.gloo_ranks import run_ranks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without distributed")
+
+CASES = [f"{mode}-{order}{variant}" for mode in fsdp2_cases.MODES for order in fsdp2_cases.ORDERS
+         for variant in ("", "-no_reshard", "-nested")]
+CASES += [f"{mode}-after{variant}" for mode in fsdp2_cases.MODES for variant in ("-bf16", "-cpu_offload")]
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_ranks(fsdp2_cases.run_all, 2, CASES, timeout_s=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_mode_under_fsdp2_matches_plain_fsdp2(results, case):
+    assert results[case] == "ok", results[case]
+
+
+CHUNKED_CASES = [f"{mode}-{order}{variant}" for mode in fsdp2_cases.CHUNKED_MODES for order in fsdp2_cases.ORDERS
+                 for variant in ("", "-head_unit")]
+
+
+@pytest.fixture(scope="module")
+def chunked_results():
+    return run_ranks(fsdp2_cases.run_all, 2, CHUNKED_CASES, timeout_s=300)
+
+
+@pytest.mark.parametrize("case", CHUNKED_CASES)
+def test_chunked_loss_under_fsdp2_matches_plain_fsdp2(chunked_results, case):
+    """The LM head's weight is gathered by FSDP2 (the root's unit, or its own unit that reshards right
+    after its forward) for the chunked loss in forward and again for its backward."""
+    assert chunked_results[case] == "ok", chunked_results[case]
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("bench_fsdp2", ROOT / "benchmarks" / "bench_fsdp2.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_longest_search_doubles_then_bisects_on_4k_steps():
+    longest_fitting = _bench_module().longest_fitting
+    tried = []
+
+    def fits(seq):
+        tried.append(seq)
+        return seq <= 77000
+
+    assert longest_fitting(fits, 32768, 4096, 262144) == 73728  # 18 * 4096
+    assert tried == [32768, 65536, 131072, 98304, 81920, 73728, 77824]
+    assert longest_fitting(lambda seq: False, 32768, 4096, 262144) == 0
+    assert longest_fitting(lambda seq: True, 32768, 4096, 262144) == 262144
+
+
+@pytest.mark.slow
+def test_bench_fsdp2_cpu_smoke(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(ROOT / "benchmarks" / "bench_fsdp2.py"), "--device", "cpu", "--tiny", "--seqs", "64",
+               "--warmup", "1", "--steps", "1", "--longest", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
+        # A gloo rank's abort at exit, a torch bug (see gloo_ranks.py); bench_fsdp2.py now leaves
+        # with os._exit, which avoids it. Kept as a safety net: run once more.
+        warnings.warn("bench_fsdp2 smoke: a rank aborted (terminate without an active exception); running again")
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "fsdp2_cpux2_tiny.json").read_text())
+    assert [(r["variant"], r["seq"]) for r in result["runs"]] == [
+        ("ckpt", 64), ("hs_before", 64), ("hs_after", 64), ("hs_chunked", 64), ("all", 64)]
+    assert all("error" not in r and len(r["per_rank"]) == 2 for r in result["runs"])
+    assert all(r["GB_to_host_per_step"] > 0 for r in result["runs"][1:])
+    # the cap: nothing runs out of memory on CPU
+    assert result["longest"] == {"ckpt": 256, "hs_before": 256, "hs_chunked": 256}
+    assert [r["variant"] for r in result["longest_timed"]] == ["ckpt", "hs_before", "hs_chunked"]
+    assert (tmp_path / "fsdp2_cpux2_tiny.md").exists()
+
+
+@pytest.mark.slow
+def test_bench_context_parallel_cpu_smoke(tmp_path):
+    # Everything around torch's ring attention (a CUDA kernel): the sequence sharded and load
+    # balanced by context_parallel's buffer sharding, position_ids and shift_labels, the loss scaled
+    # so that FSDP2's average is the global mean's gradient, our offload of the local shard; on CPU
+    # attention is emulated, and the CP run must match one rank's fp32 training to rounding.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(ROOT / "benchmarks" / "bench_context_parallel.py"), "--device", "cpu", "--tiny",
+               "--check-grads", "64", "--check-variants", "ckpt,ours", "--seqs", "64", "--variants", "ckpt,ours",
+               "--warmup", "0", "--steps", "1", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [path] = tmp_path.glob("context_parallel_*.json")
+    result = json.loads(path.read_text())
+    check = result["check_grads"]
+    assert {v: r["within_noise"] for v, r in check["cp"].items()} == {"ckpt": True, "ours": True}, check
+    assert all(r["grad_rel_error_vs_fp32"] < 1e-5 for r in check["cp"].values()), check  # fp32: rounding
+    runs = {r["variant"]: r for r in result["runs"]}
+    assert runs.keys() == {"ckpt", "ours"} and all("error" not in r for r in runs.values()), runs
+    assert runs["ours"]["GB_to_host_per_step"] > 0 and runs["ours"]["local_seq"] == 32
+    assert path.with_suffix(".png").stat().st_size > 0

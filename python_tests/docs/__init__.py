@@ -1,0 +1,1 @@
+"""README.md and docs/ stay true to the tree and the package."""

@@ -1,0 +1,154 @@
+"""The documentation stays true to the tree and the package: every relative link in README.md and
+docs/**/*.md resolves to an existing file (and an #anchor into a markdown file to one of its
+headings, as GitHub names them), and every `torch_offload.<name>` shown in code imports."""
+import importlib
+import re
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from python_tests.support.markdown import DOCS, FENCE, ROOT, closes
+
+_INLINE_CODE = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)", re.S)
+_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*(<[^>]*>|[^)\s]*)(?:\s+[\"'(][^)]*)?\)")
+_REFERENCE = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)", re.M)
+_ATX = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$")
+_SETEXT = re.compile(r"^ {0,3}(=+|-+)\s*$")
+_HTML_ID = re.compile(r"<a\s+(?:name|id)=[\"']([^\"']+)[\"']", re.I)
+_EXTERNAL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*:|//)")
+# torch_offload.<dotted name>, not part of a longer identifier or path (libtorch_offload.so).
+_NAME = re.compile(r"(?<![\w.])torch_offload(?:\.[A-Za-z_]\w*)+")
+
+
+def _split(text: str):
+    """(prose with fenced code blocks removed, [fenced code blocks])."""
+    prose, blocks, block, fence = [], [], None, None
+    for line in text.splitlines():
+        marker = FENCE.match(line)
+        if fence is None and marker:
+            fence, block = marker.group(1), []
+        elif fence is not None and marker and closes(fence, marker.group(1), line):
+            blocks.append("\n".join(block))
+            fence = block = None
+        elif fence is not None:
+            block.append(line)
+        else:
+            prose.append(line)
+    if block is not None:  # an unclosed fence runs to the end of the file
+        blocks.append("\n".join(block))
+    return "\n".join(prose), blocks
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: its text lowercased, punctuation dropped, spaces to hyphens."""
+    text = _INLINE_CODE.sub(lambda m: m.group(2).strip(), heading)
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", text)  # a link keeps its text
+    text = re.sub(r"<[^>]+>", "", text)  # inline HTML
+    text = re.sub(r"[^\w\- ]", "", text.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set:
+    prose, _ = _split(path.read_text(encoding="utf-8"))
+    anchors, seen, previous = set(), {}, ""
+    for line in prose.splitlines():
+        heading = None
+        atx = _ATX.match(line)
+        if atx:
+            heading = atx.group(2)
+        elif _SETEXT.match(line) and previous.strip() and not previous.lstrip().startswith(("|", "-", "*")):
+            heading = previous.strip()
+        if heading is not None:
+            base = _slug(heading)
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            anchors.add(base if count == 0 else f"{base}-{count}")
+        anchors.update(_HTML_ID.findall(line))
+        previous = line
+    return anchors
+
+
+def _links(text: str):
+    prose, _ = _split(text)
+    prose = _INLINE_CODE.sub("", prose)  # a link written inside code is not a link
+    for match in list(_LINK.finditer(prose)) + list(_REFERENCE.finditer(prose)):
+        yield match.group(1).strip("<>")
+
+
+def _code(text: str):
+    prose, blocks = _split(text)
+    return blocks + [m.group(2) for m in _INLINE_CODE.finditer(prose)]
+
+
+def _ids(paths):
+    return [str(p.relative_to(ROOT)) for p in paths]
+
+
+def test_the_docs_exist():
+    assert (ROOT / "README.md").is_file()
+    assert len(DOCS) > 1, "docs/ has no markdown files"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_ids(DOCS))
+def test_relative_links_resolve(doc):
+    broken = []
+    anchors = {}
+    for target in _links(doc.read_text(encoding="utf-8")):
+        if not target or _EXTERNAL.match(target):
+            continue
+        path_part, _, anchor = target.partition("#")
+        path_part = unquote(path_part)
+        if not path_part:
+            path = doc
+        elif path_part.startswith("/"):  # GitHub resolves /path from the repository root
+            path = ROOT / path_part.lstrip("/")
+        else:
+            path = (doc.parent / path_part).resolve()
+        if not path.exists():
+            broken.append(f"{target}: no such file ({path})")
+            continue
+        if anchor and path.is_file() and path.suffix == ".md":
+            if path not in anchors:
+                anchors[path] = _anchors(path)
+            if unquote(anchor).lower() not in anchors[path]:
+                broken.append(f"{target}: no heading with anchor #{anchor} in {path.relative_to(ROOT)}")
+    assert not broken, f"{doc.relative_to(ROOT)} has broken links:\n" + "\n".join(broken)
+
+
+def _resolve(name: str):
+    """The object `name` names: attributes from the top package down, importing submodules that
+    are not attributes yet (torch_offload.bench, torch_offload.integrations)."""
+    parts = name.split(".")
+    obj = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], start=2):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            obj = importlib.import_module(".".join(parts[:i]))
+    return obj
+
+
+def _named_in_docs() -> dict:
+    """torch_offload.<name> -> the docs that show it in code."""
+    names = {}
+    for doc in DOCS:
+        for code in _code(doc.read_text(encoding="utf-8")):
+            for name in _NAME.findall(code):
+                names.setdefault(name, []).append(str(doc.relative_to(ROOT)))
+    return names
+
+
+def test_the_docs_show_torch_offload_names():
+    assert _named_in_docs(), "no torch_offload.<name> in the docs' code: the pattern is broken"
+
+
+def test_torch_offload_names_in_code_import():
+    pytest.importorskip("torch")
+    failures = []
+    for name, docs in sorted(_named_in_docs().items()):
+        try:
+            _resolve(name)
+        except Exception as error:  # noqa: BLE001 (ImportError, AttributeError, a failing import)
+            failures.append(f"{name} ({', '.join(sorted(set(docs)))}): {type(error).__name__}: {error}")
+    assert not failures, "names the docs show that do not import:\n" + "\n".join(failures)

@@ -1,0 +1,1 @@
+"""examples/ run as users run them."""

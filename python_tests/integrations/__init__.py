@@ -1,0 +1,2 @@
+"""torch_offload/integrations/: Hugging Face gradient checkpointing, Trainer and TRL callbacks,
+accelerate, config values."""

@@ -1,0 +1,1 @@
+"""torch_offload/layers/: frozen-weight (layer) offloading."""

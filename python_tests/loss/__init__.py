@@ -1,0 +1,1 @@
+"""torch_offload/loss/: the chunked causal-LM loss."""

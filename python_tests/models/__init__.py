@@ -1,0 +1,1 @@
+"""apply() on real model code (a Hugging Face Llama, a torchvision ResNet)."""

@@ -1,0 +1,1 @@
+"""torch_offload/modes/: apply()'s modes and their options."""

@@ -1,0 +1,1 @@
+"""torch_offload/tiling/: sequence-tiled MLPs."""
