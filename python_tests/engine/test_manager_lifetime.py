@@ -13,6 +13,7 @@ import pytest
 from python_tests.support.devices import cuda_only
 
 HERE = Path(__file__).resolve().parents[1] / "support"  # where the script is
+SOURCE = HERE.parents[1]  # the source tree, put first on the subprocesses' path
 
 
 @cuda_only
@@ -21,7 +22,7 @@ HERE = Path(__file__).resolve().parents[1] / "support"  # where the script is
 def test_dropping_a_manager_with_copies_in_flight_returns(order):
     # The script runs from python_tests/support/: put the source tree on its path, as it is on this
     # process's (where the package is not installed, as on the GPU machine, it would not import).
-    path = os.pathsep.join(p for p in (str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(SOURCE), os.environ.get("PYTHONPATH", "")) if p)
     run = subprocess.run([sys.executable, str(HERE / "manager_drop_script.py"), order],
                          capture_output=True, text=True, timeout=120, cwd=HERE, env=dict(os.environ, PYTHONPATH=path))
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
@@ -61,7 +62,7 @@ def test_a_releaser_thread_that_cannot_start_is_a_clear_error():
     hard = resource.getrlimit(resource.RLIMIT_STACK)[1]
     if hard != resource.RLIM_INFINITY and hard < _THREAD_STACK:
         pytest.skip(f"the hard stack limit ({hard} bytes) is below the {_THREAD_STACK} this test needs")
-    path = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(SOURCE), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, PYTHONPATH=path, GLIBC_TUNABLES="glibc.pthread.stack_cache_size=0")
     run = subprocess.run([sys.executable, "-c", _NO_THREAD_SCRIPT], capture_output=True, text=True, timeout=120,
                          cwd=HERE, env=env, preexec_fn=_thread_stack_limit)
