@@ -1,7 +1,7 @@
 """scikit-build-core metadata provider for the package's version (pyproject.toml,
 [tool.scikit-build.metadata.version]): the base version with the torch the wheel is built against as
 its local label, 0.2.0+torch2.11.0.cu130 for torch 2.11.0+cu130. The library runs only with that
-exact torch (torch_offload/_engine/library.py refuses any other), so the wheel's name says which.
+exact torch (torch_offload/_library/loading.py refuses any other), so the wheel's name says which.
 
 The torch is the one of the Python running the build (pip install --no-build-isolation .), the one
 CMake builds against (cmake/torch_and_cuda.cmake); its version is read from torch/version.py without

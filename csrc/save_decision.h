@@ -18,7 +18,7 @@ enum class SaveDecision : int64_t {
   kLeafWithoutGrad = 3,
 };
 
-// Each decision with the name Python reads it by (torch_offload._engine.manager.DECISIONS).
+// Each decision with the name Python reads it by (torch_offload._library.manager.DECISIONS).
 constexpr std::array<std::pair<const char*, SaveDecision>, 4> kSaveDecisionNames{{
     {"offload", SaveDecision::kOffload},
     {"keep", SaveDecision::kKeep},

@@ -15,7 +15,7 @@ def manager():
 def save_hooks(request, monkeypatch):
     """Runs a test with the C save hooks (pyext/save_hooks.cpp) and again with the Python ones they
     stand in for (what a build without Python's headers runs): both must decide alike."""
-    from torch_offload._engine import library as _library
+    from torch_offload._library import loading as _library
     from torch_offload.hooks import offload_hooks as activations
     if request.param == "python":
         monkeypatch.setattr(activations, "load_save_hooks", lambda: None)

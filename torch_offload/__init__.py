@@ -3,8 +3,8 @@
 Ops: torch.ops.offload.offload_save / offload_restore (and offload_pack / offload_pack_filtered /
 offload_unpack, the save hooks' filtered, deduplicated saves); class: torch.classes.offload.OffloadManager.
 """
-from ._engine.library import load_library
-from ._engine.ops import offload_restore, offload_save
+from ._library.loading import load_library
+from ._library.ops import offload_restore, offload_save
 from .handle import OffloadHandle
 from .hooks.offload_hooks import offload_activations
 from .apply import apply
@@ -12,20 +12,20 @@ from .config import (ActivationsOptions, AutoOptions, ChunkedLossOptions, DiskOp
                      LayerOffloadingOptions, LongContextOptions, ModulesOptions, OffloadConfig, SelectiveOptions,
                      SyncOptions, TilingOptions)
 from .blocks import find_blocks
-from .checkpointing.drop_in import checkpoint
+from .checkpointing.checkpoint import checkpoint
 from .loss.chunked_loss import chunked_causal_lm_loss
 from .compiler.compile_model import OffloadPartitioner, compile
-from .hooks.empty_steps import NothingOffloadedWarning
+from .hooks.nothing_offloaded import NothingOffloadedWarning
 from .compiler.hf_causal_mask import sdpa_is_causal
 from .compiler.hf_logits import detach_logits
 from .layers.frozen_weights import LayerOffloadHandle, offload_layers
 from .loss.lm_loss import ChunkedLossHandle, chunk_lm_loss
-from ._engine.manager import OffloadManager, default_manager, reset_stats, stats
+from ._library.manager import OffloadManager, default_manager, reset_stats, stats
 from .targets.module_offload import ModuleOffloadHandle, offload_modules
 from .targets.selection import select_modules
 from .tiling.sequence_tiles import tiled_compute
 from .tiling.tiled_mlp import TiledMLPHandle, tile_mlp
-from ._engine.node_budget import gather_stats
+from ._library.node_budget import gather_stats
 from .modes.selective import selective_checkpoint
 from .policies.per_op import selective_offload_contexts
 

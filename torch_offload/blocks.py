@@ -5,7 +5,7 @@ from typing import List
 import torch
 from torch import nn
 
-from .copies import NotPicklable
+from .copy_and_pickle import NotPicklable
 
 
 def _declared_names(model: nn.Module) -> set:
@@ -89,10 +89,10 @@ def blocks_to_wrap(model: nn.Module, blocks) -> List[nn.Module]:
     return blocks
 
 
-class BlockForward(NotPicklable):
+class ForwardWrapper(NotPicklable):
     """A forward that apply() or offload_layers() installs on a block (base class; subclasses
     define __call__). An object, not a closure: copy.deepcopy(model) then binds the copy's wrapper
-    to the copy's block and the copy's inner wrapper (copies.py), so the copy computes with its
+    to the copy's block and the copy's inner wrapper (copy_and_pickle.py), so the copy computes with its
     own weights."""
 
     _pickled_what = "the forward wrapper of a block"

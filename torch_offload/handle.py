@@ -10,8 +10,8 @@ from typing import List
 
 from torch import nn
 
-from ._engine.manager import stats as manager_stats
-from .blocks import BlockForward
+from ._library.manager import stats as manager_stats
+from .blocks import ForwardWrapper
 from .undo import set_forward
 from .kv_cache import disable_kv_caches
 from .undo import UndoStack
@@ -40,7 +40,7 @@ class OffloadHandle(UndoStack):
         self.modules = None
         self.auto = None
         self.link_budget = None  # LinkBudget with keep_on_device_bytes="auto" (hooks/link_budget.py)
-        self._wrappers: List[BlockForward] = []
+        self._wrappers: List[ForwardWrapper] = []
 
     @property
     def manager(self):
@@ -94,7 +94,7 @@ class OffloadHandle(UndoStack):
 
     # Changes, each with its undo pushed (push, on_remove, set_attribute, replace_forward: undo.py).
 
-    def wrap(self, wrapper: BlockForward) -> None:
+    def wrap(self, wrapper: ForwardWrapper) -> None:
         """Installs `wrapper` as its block's forward; remove() puts back the one it wraps."""
         self._wrappers.append(wrapper)
         set_forward(wrapper.block, wrapper)
@@ -103,7 +103,7 @@ class OffloadHandle(UndoStack):
         wrapper.block._torch_offload_handle = weakref.ref(self)
         self.push(functools.partial(self._unwrap, wrapper))
 
-    def _unwrap(self, wrapper: BlockForward) -> None:
+    def _unwrap(self, wrapper: ForwardWrapper) -> None:
         set_forward(wrapper.block, wrapper.inner)
         wrapper.block.__dict__.pop("_torch_offload_handle", None)
         self._wrappers.remove(wrapper)

@@ -21,7 +21,7 @@ from typing import List, NamedTuple, Optional
 
 from torch import nn
 
-from ._engine import node_budget
+from ._library import node_budget
 from .config.mode_options import ManagerOptions
 from .config.offload_config import OffloadConfig
 from .config.parts import ChunkedLossOptions, LayerOffloadingOptions, TilingOptions

@@ -9,7 +9,7 @@ from typing import Callable, List
 
 from torch import nn
 
-from .copies import NotPicklable
+from .copy_and_pickle import NotPicklable
 
 class _Absent:
     """An attribute the object did not have of its own. One object, also in a deep copy (an undo

@@ -13,7 +13,7 @@ from torch.utils.checkpoint import GraphExecGroup
 
 import torch_offload
 from torch_offload.checkpointing import nonreentrant
-from torch_offload._engine.library import load_save_hooks
+from torch_offload._library.loading import load_save_hooks
 from python_tests.support.devices import DEVICES
 
 pytestmark = pytest.mark.skipif(not nonreentrant.available(), reason="the C save hooks are not built")

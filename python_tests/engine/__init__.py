@@ -1,2 +1,2 @@
-"""torch_offload/_engine/ and the C++ engine seen from Python: the ops and OffloadManager, the
+"""torch_offload/_library/ and the C++ engine seen from Python: the ops and OffloadManager, the
 disk tier, the device window, node budgets, TorchScript."""

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torch_offload
-from torch_offload._engine.manager import DECISIONS, MANAGER_DEFAULTS, STAT_NAMES
+from torch_offload._library.manager import DECISIONS, MANAGER_DEFAULTS, STAT_NAMES
 from torch_offload.hooks import offload_hooks, save_filter
 from torch_offload.hooks.saved_regions import SaveCounters
 from torch_offload.config.mode_options import ManagerOptions

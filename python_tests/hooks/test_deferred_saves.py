@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torch_offload
-from torch_offload._engine import library as _library
+from torch_offload._library import loading as _library
 from torch_offload.hooks import saved_regions
 
 from python_tests.support.devices import DEVICES

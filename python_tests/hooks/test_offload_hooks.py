@@ -60,7 +60,7 @@ def test_saved_views_keep_their_layout(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_restored_tensors_have_original_strides(device):
-    from torch_offload._engine.layouts import Packed as _Packed, compact_layout as _compact, rebuild as _rebuild
+    from torch_offload._library.layouts import Packed as _Packed, compact_layout as _compact, rebuild as _rebuild
 
     manager = torch_offload.OffloadManager()
     base = torch.randn(4, 6, 5, device=device)

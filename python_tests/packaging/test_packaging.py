@@ -48,7 +48,7 @@ def test_pip_installed_package_carries_its_library(tmp_path):
         y = torch_offload.checkpoint(lambda t: t.sin() * 2, x)
         y.sum().backward()
         assert torch.equal(x.grad, 2 * x.detach().cos())
-        from torch_offload._engine import library as _library
+        from torch_offload._library import loading as _library
         assert _library.load_save_hooks() is not None, "the C save hooks are not in the package"
         print("ok", torch_offload.library_path)
         """, cwd=tmp_path)
@@ -146,7 +146,7 @@ def test_installed_metadata(tmp_path):
 
 def test_the_library_records_the_torch_it_was_built_against():
     import torch
-    from torch_offload._engine.library import build_record
+    from torch_offload._library.loading import build_record
 
     record = build_record(torch_offload.library_path)
     assert record is not None, f"{torch_offload.library_path} has no build record"

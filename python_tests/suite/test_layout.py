@@ -11,7 +11,8 @@ import pytest
 import torch_offload
 
 TESTS = Path(__file__).resolve().parents[1]
-# Folders for what is not one subpackage of torch_offload (engine tests torch_offload/_engine).
+# Folders for what is not one subpackage of torch_offload (engine: the C++ engine through its ops,
+# the manager and torch_offload/_library).
 CONCERNS = {"apply", "distributed", "docs", "engine", "examples", "models", "packaging", "suite", "support"}
 
 

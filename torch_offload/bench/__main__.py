@@ -26,7 +26,7 @@ import torch
 from ..apply import apply
 from ..config.mode_options import (MODE_OPTIONS, AutoOptions, ModulesOptions, SelectiveOptions, canonical_mode,
                                    options_type)
-from ..hooks.empty_steps import NothingOffloadedWarning
+from ..hooks.nothing_offloaded import NothingOffloadedWarning
 from ..targets.presets import PRESETS
 from .common import (LLAMA3_8B, REFERENCE, TINY, add_link_utilisation, add_ratios, build_llama, gpu_name, new_result,
                      pinned_bandwidth, release_memory, table, timed_steps)

@@ -1,14 +1,14 @@
 """A checkpointed block's first tensor input (its hidden states) in host memory: saved when the block
-runs, restored for its recompute. Shared by both checkpoint variants (drop_in.py, reentrant.py).
+runs, restored for its recompute. Shared by both checkpoint variants (checkpoint.py, reentrant.py).
 A DTensor input (sequence or context parallel hidden states) is offloaded as its local shard and
-rebuilt as the same DTensor, without communication (_engine/dtensors.py)."""
+rebuilt as the same DTensor, without communication (_library/dtensors.py)."""
 import re
 
 import torch
 
-from .._engine import node_budget
-from .._engine.dispatch_modes import outside_dispatch_modes
-from .._engine.dtensors import join_local, split_local
+from .._library import node_budget
+from .._library.dispatch_modes import outside_dispatch_modes
+from .._library.dtensors import join_local, split_local
 
 
 # The engine's version check on offload_restore (csrc/version_check.h), which names the raw ops: a

@@ -27,7 +27,7 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils import checkpoint as torch_checkpoint_module
 
-from .._engine.library import load_save_hooks
+from .._library.loading import load_save_hooks
 from .replay_state import ReplayState
 
 DETERMINISM_CHECKS = ("default", "none")

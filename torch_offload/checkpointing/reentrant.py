@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from .._engine.manager import default_manager
+from .._library.manager import default_manager
 from .block_input import OffloadedInput
 from .flat_args import split_tensors, with_tensors
 from .replay_state import ReplayState
@@ -90,7 +90,7 @@ def _module_of(function):
     for candidate in (function, getattr(function, "__self__", None)):
         if isinstance(candidate, nn.Module):
             return candidate
-        block = getattr(candidate, "block", None)  # our BlockForward wrappers
+        block = getattr(candidate, "block", None)  # our ForwardWrapper wrappers
         if isinstance(block, nn.Module):
             return block
     return None

@@ -12,15 +12,15 @@ from typing import Optional
 
 import torch
 
-from ..hooks.empty_steps import warn_nothing_offloaded
-from ..policies import named as policies
+from ..hooks.nothing_offloaded import warn_nothing_offloaded
+from ..policies import named_policies as policies
 from ..policies.projections import projection_groups
 from .model_changes import CompileChanges, checkpointed
 from ..config.offload_config import OffloadConfig
 from ..config.mode_options import MODE_OPTIONS, canonical_mode
 from .partitioner import COMPILE_MODES, COMPILED_OPTIONS, OffloadPartitioner, check_min_bytes
 from .projection_policy import projection_policy
-from .._engine.manager import OffloadManager
+from .._library.manager import OffloadManager
 
 
 def compile(model: torch.nn.Module, mode: str = "hidden_states", *, manager=None,

@@ -33,7 +33,7 @@ import weakref
 
 import torch
 
-from ..copies import NotPicklable
+from ..copy_and_pickle import NotPicklable
 
 IMPLEMENTATION = "torch_offload_sdpa"
 # Call arguments that leave the mask plain causal when given (anything else given: build the mask).

@@ -18,11 +18,11 @@ module's forward, while a hook on the model runs outside the compiled graph.
 """
 from torch import nn
 
-from ..blocks import BlockForward
+from ..blocks import ForwardWrapper
 from ..undo import set_forward
 
 
-class _DetachedLogitsForward(BlockForward):
+class _DetachedLogitsForward(ForwardWrapper):
     _pickled_what = "the forward wrapper of torch_offload.detach_logits"
 
     def __call__(self, *args, **kwargs):

@@ -42,9 +42,9 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from torch.utils.checkpoint import CheckpointPolicy
 
-from .._engine import ops  # noqa: F401  (the ops' fake kernels, which tracing the rewritten graphs needs)
-from .._engine import layouts as _layouts
-from .._engine.layouts import dense_permutation, inverse_permutation
+from .._library import ops  # noqa: F401  (the ops' fake kernels, which tracing the rewritten graphs needs)
+from .._library import layouts as _layouts
+from .._library.layouts import dense_permutation, inverse_permutation
 from ..config.mode_options import ActivationsOptions, HiddenStatesOptions, SelectiveOptions
 from ..config.mode_options import canonical_mode
 

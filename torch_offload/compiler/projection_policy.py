@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ..policies.projections import projection_groups, projection_weights, saves_per_block, split_kept
-from ..policies.named import ATTENTION_OPS, SAVES_PER_BLOCK
+from ..policies.named_policies import ATTENTION_OPS, SAVES_PER_BLOCK
 
 _MM = torch.ops.aten.mm.default
 _ADDMM = torch.ops.aten.addmm.default

@@ -9,8 +9,8 @@ HiddenStatesOptions and ActivationsOptions are the bases of SelectiveOptions and
 import dataclasses
 from typing import ClassVar, Dict, Optional, Union
 
-from .._engine.manager import DEFAULT_DISK_DIR, MANAGER_DEFAULTS
-from ..policies.named import resolve
+from .._library.manager import DEFAULT_DISK_DIR, MANAGER_DEFAULTS
+from ..policies.named_policies import resolve
 from ..policies.projections import is_fast_policy
 from .errors import OptionTypeError, OptionValueError, check_bool, check_int
 from .aliases import ALIASES, unalias

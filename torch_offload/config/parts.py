@@ -9,7 +9,7 @@ from typing import Optional
 
 from ..loss.chunked_loss import DEFAULT_CHUNK_TOKENS
 from .errors import OptionTypeError, OptionValueError, check_bool, check_int
-from .._engine.manager import MANAGER_DEFAULTS
+from .._library.manager import MANAGER_DEFAULTS
 
 
 def _from_value(cls, name: str, value, example: str, number_field: Optional[str] = None):

@@ -21,22 +21,22 @@ from typing import Iterable, Optional
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .._engine.library import load_save_hooks
-from .._engine.ops import offload_batch, offload_pack, offload_pack_filtered, offload_restore, offload_save, offload_unpack
+from .._library.loading import load_save_hooks
+from .._library.ops import offload_batch, offload_pack, offload_pack_filtered, offload_restore, offload_save, offload_unpack
 
-from .._engine import node_budget
+from .._library import node_budget
 from ..config.aliases import ALIASES, unalias
 from ..config.defaults import ACTIVATIONS_MIN_BYTES
 from . import weight_tokens
-from .._engine.dtensors import is_dtensor as _is_dtensor
-from .._engine.dtensors import join_local, split_local
-from .._engine.layouts import Packed, compact_layout, rebuild
-from ..copies import NotPicklable
-from .empty_steps import StepCounts
-from .._engine.manager import (DECISIONS, DEFAULT_DISK_DIR, MANAGER_DEFAULTS, STAT_NAMES, OffloadManager,
+from .._library.dtensors import is_dtensor as _is_dtensor
+from .._library.dtensors import join_local, split_local
+from .._library.layouts import Packed, compact_layout, rebuild
+from ..copy_and_pickle import NotPicklable
+from .nothing_offloaded import StepCounts
+from .._library.manager import (DECISIONS, DEFAULT_DISK_DIR, MANAGER_DEFAULTS, STAT_NAMES, OffloadManager,
                                register_stats_source)
-from .._engine.manager import reset_stats as manager_reset_stats
-from .._engine.manager import stats as manager_stats
+from .._library.manager import reset_stats as manager_reset_stats
+from .._library.manager import stats as manager_stats
 from .save_filter import SaveFilter
 from .saved_regions import SavedRegions, SavedView, SaveCounters
 

@@ -2,7 +2,7 @@
 from Python: its counts, and its record of the storages offloaded since a reset (modules mode's
 report). For a leaf that does not require grad (or a view of one) the engine asks whether it is a
 frozen parameter, a Python notion; told it is not, it decides it like any activation (a second op
-call, after the decision DECISIONS.leaf_without_grad: the engine's codes, _engine/manager.py),
+call, after the decision DECISIONS.leaf_without_grad: the engine's codes, _library/manager.py),
 otherwise the hooks keep it. Saves the engine leaves to the hooks (tensor
 subclasses such as DTensor, non-strided tensors, frozen parameters) are decided in Python and
 recorded in the engine's record too."""
@@ -10,7 +10,7 @@ import weakref
 
 import torch
 
-from .._engine.dtensors import is_dtensor
+from .._library.dtensors import is_dtensor
 
 
 class SaveFilter:

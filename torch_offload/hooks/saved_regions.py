@@ -9,7 +9,7 @@ import threading
 
 import torch
 
-from .._engine.library import load_save_hooks
+from .._library.loading import load_save_hooks
 
 
 class SaveCounters:

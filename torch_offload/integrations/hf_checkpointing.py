@@ -18,13 +18,13 @@ from typing import List, Optional
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from ..checkpointing.drop_in import checkpoint
+from ..checkpointing.checkpoint import checkpoint
 from ..config.errors import OptionError
 from ..config.offload_config import OffloadConfig
 from ..config.keywords import build_options
 from ..config.mode_options import (MODE_OPTIONS, ActivationsOptions, AutoOptions, HiddenStatesOptions, ModulesOptions,
                                    SelectiveOptions, canonical_mode, options_type)
-from ..copies import NotPicklable
+from ..copy_and_pickle import NotPicklable
 from ..handle import OffloadHandle
 from ..install import installer_for
 from ..modes.first_restores import prefetch_first_restores
@@ -94,7 +94,7 @@ class CheckpointFunction(NotPicklable):
     torch.utils.checkpoint.checkpoint: torch_offload.checkpoint (or selective_checkpoint) with the
     same keywords, our manager and, in mode "selective", the layer's policy and the layer itself (to
     find its projections). An object, not a closure: copy.deepcopy(model) binds the copy's to the
-    copy's layer and manager (copies.py)."""
+    copy's layer and manager (copy_and_pickle.py)."""
 
     _pickled_what = "torch_offload's gradient checkpointing function"
 

@@ -18,16 +18,16 @@ from typing import Iterable, List, Optional
 import torch
 from torch import nn
 
-from .._engine.ops import offload_restore, offload_save
-from .._engine.dtensors import is_dtensor as _is_dtensor
-from ..blocks import BlockForward, find_blocks
+from .._library.ops import offload_restore, offload_save
+from .._library.dtensors import is_dtensor as _is_dtensor
+from ..blocks import ForwardWrapper, find_blocks
 from ..undo import set_forward
-from ..copies import copy_attributes
+from ..copy_and_pickle import copy_attributes
 from ..undo import UndoStack
-from ..hooks.empty_steps import warn_nothing_offloaded
+from ..hooks.nothing_offloaded import warn_nothing_offloaded
 from ..hooks.hook_scopes import HookScopes
-from .._engine.manager import MANAGER_DEFAULTS, OffloadManager
-from .._engine import node_budget
+from .._library.manager import MANAGER_DEFAULTS, OffloadManager
+from .._library import node_budget
 from ..hooks import weight_tokens
 
 _WRAPPED = "_torch_offload_layer"  # attribute marking a block wrapped by offload_layers
@@ -210,7 +210,7 @@ class LayerOffloadHandle(UndoStack):
         self._scopes.exit()
 
 
-class _WeightsOnDevice(BlockForward):
+class _WeightsOnDevice(ForwardWrapper):
     """A layer's forward: device copies of its frozen weights are installed while it runs."""
 
     def __init__(self, layer: _Layer):

@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .._engine.dtensors import is_dtensor
+from .._library.dtensors import is_dtensor
 
 DEFAULT_CHUNK_TOKENS = 2048
 

@@ -11,9 +11,9 @@ auxiliary loss) is added as before. The returned output has `logits=None`.
 """
 from torch import nn
 
-from ..blocks import BlockForward
+from ..blocks import ForwardWrapper
 from .chunked_loss import DEFAULT_CHUNK_TOKENS, chunked_causal_lm_loss
-from ..copies import NotPicklable
+from ..copy_and_pickle import NotPicklable
 from ..undo import UndoStack
 
 _WRAPPED = "_torch_offload_chunked_loss"  # marks a model whose loss is chunked
@@ -28,7 +28,7 @@ class _Pending(NotPicklable):
         self.call = None
 
 
-class _ModelForward(BlockForward):
+class _ModelForward(ForwardWrapper):
     """The causal LM's forward: hands the labels to the LM head, returns logits=None."""
 
     def __init__(self, model: nn.Module, pending: _Pending, chunk_tokens: int):
@@ -56,7 +56,7 @@ class _ModelForward(BlockForward):
         return output
 
 
-class _HeadForward(BlockForward):
+class _HeadForward(ForwardWrapper):
     """The LM head's forward: during a call with labels, the chunked loss instead of the logits."""
 
     def __init__(self, head: nn.Module, pending: _Pending, chunk_tokens: int, grads_in_forward: bool = False):

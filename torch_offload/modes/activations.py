@@ -7,14 +7,14 @@ after every training step from the link (hooks/link_budget.py).
 """
 from torch import nn
 
-from ..blocks import BlockForward
-from ..hooks.empty_steps import warn_nothing_offloaded, watch_model_steps
+from ..blocks import ForwardWrapper
+from ..hooks.nothing_offloaded import warn_nothing_offloaded, watch_model_steps
 from ..hooks.link_budget import watch_link
 from ..hooks.offload_hooks import offload_activations, resident_tensors
 from .installer import ModeInstaller
 
 
-class HookedForward(BlockForward):
+class HookedForward(ForwardWrapper):
     """A block's forward inside the save hooks while training with grad enabled."""
 
     def __init__(self, block: nn.Module, hooks):

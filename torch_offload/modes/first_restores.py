@@ -27,7 +27,7 @@ class _StartCopies:
 
 class PrefetchFirstRestores:
     """Forward hook of the output embedding: hooks each output that backward will reach. Data, not a
-    closure, so that a deep copy of the model hooks the copy's manager (copies.py)."""
+    closure, so that a deep copy of the model hooks the copy's manager (copy_and_pickle.py)."""
 
     def __init__(self, manager):
         self.manager = manager

@@ -3,12 +3,12 @@ goes to pinned host memory during forward and comes back, prefetched, when backw
 block. Every block input is offloaded whatever its size."""
 from torch import nn
 
-from ..blocks import BlockForward
-from ..checkpointing.drop_in import checkpoint
+from ..blocks import ForwardWrapper
+from ..checkpointing.checkpoint import checkpoint
 from .installer import CheckpointInstaller
 
 
-class CheckpointedForward(BlockForward):
+class CheckpointedForward(ForwardWrapper):
     """A block's forward under torch_offload.checkpoint while training with grad enabled."""
 
     def __init__(self, block: nn.Module, manager, use_reentrant: bool = False):

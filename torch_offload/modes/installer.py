@@ -1,7 +1,7 @@
 """What a mode does to a model: builds its manager from the mode's options and installs what wraps
 each block, pushing each change's undo onto the handle (handle.py). The options themselves are data
 (config/mode_options.py); install.py maps each options class to its installer (INSTALLERS)."""
-from .._engine.manager import OffloadManager
+from .._library.manager import OffloadManager
 from .first_restores import prefetch_first_restores
 
 
@@ -25,7 +25,7 @@ class CheckpointInstaller(ModeInstaller):
     "auto" installs these for its trials."""
 
     def wrappers(self, blocks, manager, options, chose_depth: bool) -> list:
-        """One forward wrapper (blocks.BlockForward) per block; `chose_depth`: the manager's prefetch depth is the mode's
+        """One forward wrapper (blocks.ForwardWrapper) per block; `chose_depth`: the manager's prefetch depth is the mode's
         choice (built here, prefetch_depth not given), which the wrappers may raise."""
         raise NotImplementedError
 

@@ -11,12 +11,12 @@ import functools
 import torch
 from torch import nn
 
-from .._engine.manager import OffloadManager, default_manager, register_stats_source
-from ..blocks import BlockForward
-from ..checkpointing.drop_in import checkpoint
+from .._library.manager import OffloadManager, default_manager, register_stats_source
+from ..blocks import ForwardWrapper
+from ..checkpointing.checkpoint import checkpoint
 from ..checkpointing.reentrant import reentrant_checkpoint
 from ..policies.interception import attention_offload_contexts
-from ..policies.named import SAVES_PER_BLOCK
+from ..policies.named_policies import SAVES_PER_BLOCK
 from ..policies.per_op import selective_offload_contexts
 from ..policies.projections import is_fast_policy, projection_groups, projection_weights, saves_per_block, split_kept
 from ..config.defaults import SELECTIVE_MIN_BYTES
@@ -83,7 +83,7 @@ class FirstForwardDepth:
     policy: restoring a block's first save in backward then prefetches all of the previous block's.
     The policy alone cannot tell how many attention calls a block makes: a video DiT block's self-
     and cross-attention save five tensors under "attention", not three. Data, not a closure, so that
-    a deep copy counts for its own manager (copies.py)."""
+    a deep copy counts for its own manager (copy_and_pickle.py)."""
 
     __name__ = selective_checkpoint.__name__  # CheckpointFunction's repr names it
 
@@ -108,7 +108,7 @@ def block_checkpoint(manager, fit_prefetch_depth: bool):
     return FirstForwardDepth(manager) if fit_prefetch_depth else selective_checkpoint
 
 
-class SelectiveForward(BlockForward):
+class SelectiveForward(ForwardWrapper):
     """A block's forward under selective_checkpoint while training with grad enabled."""
 
     def __init__(self, block: nn.Module, manager, policy, min_bytes: int, use_reentrant: bool = False,

@@ -13,7 +13,7 @@ process-wide changes: torch.nn.functional keeps torch's own functions, and other
 outside the blocks, never see the mode.
 
 In our non-reentrant checkpoint an intercepted call runs once, in forward, and is stood in for in the
-recompute (stand_in.py): the recompute skips the attention and the projections' matrix products.
+recompute (captured_calls.py): the recompute skips the attention and the projections' matrix products.
 Elsewhere (the reentrant variant, torch's checkpoint), and for a linear call whose tensors are
 subclasses or that autocast casts, a dispatch mode is entered for that one call only (_FusedOutputs),
 which offloads the outputs of its fused kernel or matrix product into the block's OffloadStore in
@@ -31,8 +31,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..checkpointing.nonreentrant import current_frame, frame_of_context
-from .named import ATTENTION_OPS
-from .stand_in import DISPATCHED, run_captured, stand_in
+from .named_policies import ATTENTION_OPS
+from .captured_calls import DISPATCHED, run_captured, stand_in
 
 # The functions a torch function mode is handed for torch.nn.functional.scaled_dot_product_attention
 # and torch.nn.functional.linear: torch's own, whatever the module attributes hold.
@@ -98,7 +98,7 @@ def _attention(scope, sdpa, args, kwargs):
 
 
 def _attention_through_frame(scope, sdpa, args, kwargs):
-    """The attention call in a block of our non-reentrant checkpoint (stand_in.py): its saves
+    """The attention call in a block of our non-reentrant checkpoint (captured_calls.py): its saves
     captured in forward, stood in for in the recompute, where it does not run. A call that would
     take the math backend (no fused kernel) runs in both, as under the policy path."""
     call = dict(zip(_SDPA_NAMES, _SDPA_DEFAULTS))
@@ -156,7 +156,7 @@ def _linear_arguments(input, weight, bias=None):
 
 def _stands_in(call_tensors, device_type: str) -> bool:
     """Whether the recompute can stand in for a linear call from its arguments alone: the matrix
-    product saves views of its input and weight (stand_in.py), not casts (autocast) or the
+    product saves views of its input and weight (captured_calls.py), not casts (autocast) or the
     tensors of a subclass's own implementation."""
     if any(type(t) not in _PLAIN_TYPES for t in call_tensors):
         return False

@@ -17,8 +17,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, SelectiveCheckpointContext,
                                     create_selective_checkpoint_contexts)
 
-from .._engine.manager import default_manager
-from .named import resolve
+from .._library.manager import default_manager
+from .named_policies import resolve
 from ..config.defaults import SELECTIVE_MIN_BYTES
 from .store import OffloadStore
 

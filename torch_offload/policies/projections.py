@@ -17,7 +17,7 @@ import weakref
 from torch import nn
 
 from ..targets.presets import PRESETS, preset_modules
-from .named import SAVES_PER_BLOCK
+from .named_policies import SAVES_PER_BLOCK
 
 PROJECTION_GROUPS = ("qkv", "out_proj", "fc1", "fc2")
 KEEP = "keep_"  # "keep_fc1": the group's products stay on the device (not offloaded, not recomputed)

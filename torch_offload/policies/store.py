@@ -12,8 +12,8 @@ import torch
 from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import CheckpointPolicy
 
-from .._engine.dispatch_modes import outside_dispatch_modes
-from .._engine.layouts import Packed, compact_recipe, compact_with, rebuild
+from .._library.dispatch_modes import outside_dispatch_modes
+from .._library.layouts import Packed, compact_recipe, compact_with, rebuild
 
 
 
@@ -26,7 +26,7 @@ class OffloadStore:
         self.manager_id = manager.id()
         self.min_bytes = min_bytes
         self.calls = defaultdict(list)
-        self.stood_in = []  # the captured calls (stand_in.py), in call order
+        self.stood_in = []  # the captured calls (captured_calls.py), in call order
         # handles offloaded by this forward, until finish_saves() (where the caller calls it)
         self.in_forward = [] if finish_at_end else None
         self.decision = None

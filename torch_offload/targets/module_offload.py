@@ -21,11 +21,11 @@ from torch import nn
 
 from ..hooks import weight_tokens
 from ..hooks.offload_hooks import offload_activations, resident_tensors
-from ..copies import copy_attributes
+from ..copy_and_pickle import copy_attributes
 from ..undo import UndoStack
-from ..hooks.empty_steps import watch_model_steps
+from ..hooks.nothing_offloaded import watch_model_steps
 from ..hooks.hook_scopes import HookScopes
-from .._engine.manager import stats as manager_stats
+from .._library.manager import stats as manager_stats
 from ..config.defaults import ACTIVATIONS_MIN_BYTES, MODULES_PREFETCH_DEPTH
 from .selection import ModuleSelection, Target, plan_modules
 
@@ -35,7 +35,7 @@ _OFF = object()  # a selected module running in eval or without grad: nothing of
 class ModuleOffloadHandle(UndoStack):
     """What offload_modules() returns: selected modules (and the modules inside them left out),
     manager, report(), stats(), remove(). Its bound methods are the modules' hooks: a deep copy of
-    the model copies it (copies.py)."""
+    the model copies it (copy_and_pickle.py)."""
 
     _pickled_what = "the module hooks of mode='modules' (offload_modules)"
 

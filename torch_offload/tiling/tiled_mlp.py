@@ -16,7 +16,7 @@ from typing import Iterable, List, Optional
 import torch
 from torch import nn
 
-from ..blocks import BlockForward, find_blocks
+from ..blocks import ForwardWrapper, find_blocks
 from ..undo import UndoStack
 from ..targets.presets import preset_modules
 from .sequence_tiles import default_tile_tokens, tiled_module_call
@@ -50,7 +50,7 @@ def find_norms(blocks: Iterable[nn.Module]) -> List[nn.Module]:
             if isinstance(child, (nn.LayerNorm, nn.RMSNorm)) or type(child).__name__.endswith(("RMSNorm", "LayerNorm"))]
 
 
-class TiledForward(BlockForward):
+class TiledForward(ForwardWrapper):
     """A position-wise module's forward (an MLP's, a norm's) over tiles of the sequence while its
     input has more tokens than a tile."""
 

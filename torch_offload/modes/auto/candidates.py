@@ -8,7 +8,7 @@ from typing import Callable, List
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from ...blocks import BlockForward
+from ...blocks import ForwardWrapper
 from ...config.mode_options import AUTO_CANDIDATES, AutoOptions, HiddenStatesOptions, SelectiveOptions
 from ...handle import OffloadHandle
 from ..installer import finish_checkpointing
@@ -47,7 +47,7 @@ def trial_options(trial: Trial, n_blocks: int, options: AutoOptions):
     return SelectiveOptions(block_policies=block_policies(trial.candidate, n_blocks, trial.kept_mlp_blocks), **shared)
 
 
-class TorchCheckpointForward(BlockForward):
+class TorchCheckpointForward(ForwardWrapper):
     """The "checkpointing" candidate: torch's checkpoint, nothing offloaded."""
 
     def __init__(self, block: nn.Module, use_reentrant: bool):

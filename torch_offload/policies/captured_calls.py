@@ -19,7 +19,7 @@ call, twice per block.
 """
 import torch
 
-from .._engine.dispatch_modes import outside_dispatch_modes
+from .._library.dispatch_modes import outside_dispatch_modes
 
 # In a store's record list: the call went through the dispatch mode in forward (interception.py), and
 # goes through it again in the recompute.

@@ -13,7 +13,7 @@ returned by offload_save.
 The forward runs on the real input; the recompute runs on offload_restore(handle), which also starts
 prefetching the input of the previous checkpoint. A DTensor input (sequence or context parallel
 hidden states, sharded on the sequence dim) is offloaded as its local shard and rebuilt as the same
-DTensor in the recompute (_engine/dtensors.py).
+DTensor in the recompute (_library/dtensors.py).
 """
 import torch
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
@@ -22,7 +22,7 @@ from torch.utils import checkpoint as torch_checkpoint_module
 
 from .block_input import OffloadedInput
 from .flat_args import split_tensors, with_tensors
-from .._engine.manager import default_manager
+from .._library.manager import default_manager
 from .nonreentrant import available as c_checkpoint_hooks_available
 from .nonreentrant import checkpoint_without_reentrant
 from .reentrant import reentrant_checkpoint

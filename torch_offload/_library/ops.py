@@ -4,7 +4,7 @@ not the problem)."""
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .library import load_library
+from .loading import load_library
 
 load_library()
 

@@ -73,7 +73,7 @@ class StepCounts:
 class _StepWatcher:
     """Forward pre-hook and hook of the model: the hooks' counts before and after each training
     forward. An object holding the hooks (not a closure), so a deep copy of the model watches the
-    copy's hooks (copies.py)."""
+    copy's hooks (copy_and_pickle.py)."""
 
     def __init__(self, hooks):
         self.hooks = hooks  # offload_activations: .counts and .min_bytes

@@ -1,4 +1,4 @@
-"""A step that offloaded nothing says why, once (torch_offload/hooks/empty_steps.py): every saved
+"""A step that offloaded nothing says why, once (torch_offload/hooks/nothing_offloaded.py): every saved
 tensor under min_bytes, or kept (parameters, buffers, keep=, tensors the engine cannot copy, which
 stay resident rather than failing the step); steps that offload, or save nothing, do not warn."""
 import warnings

@@ -1,4 +1,4 @@
-"""The named selective policies inside our non-reentrant checkpoint (torch_offload/stand_in.py): the
+"""The named selective policies inside our non-reentrant checkpoint (torch_offload/captured_calls.py): the
 attention call runs once, in forward, with no dispatch mode; the recompute stands in for it with the
 restored outputs; a call on the math backend, or whose saves other hooks take, is recomputed; the
 gradients are those of torch's checkpoint keeping the attention outputs. (The reentrant variant and
@@ -15,7 +15,7 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 import torch_offload
 from torch_offload.checkpointing import nonreentrant
 from torch_offload.policies import interception as attention_offload
-from torch_offload.policies import named as policies
+from torch_offload.policies import named_policies as policies
 from python_tests.support.devices import DEVICES
 from python_tests.support.selective import AttentionBlock
 
