@@ -37,6 +37,18 @@ _stats_sources = {}  # manager id -> WeakSet of objects with snapshot() -> dict 
 _stats_lock = threading.Lock()
 
 
+def hooks_mode_settings(mode: str, disk_dir: str = "") -> dict:
+    """What the save hooks' modes "sync" and "disk" change of the manager of mode "all": "sync"
+    finishes every copy before the save returns and prefetches nothing; "disk" writes every save to
+    disk_dir (DEFAULT_DISK_DIR where none is given). One place for it: the modes' options and
+    offload_activations both build their manager with it."""
+    if mode == "sync":
+        return dict(synchronous=True, prefetch_depth=0)
+    if mode == "disk":
+        return dict(disk_only=True, disk_dir=disk_dir or DEFAULT_DISK_DIR)
+    return {}
+
+
 class _ManagerClass(type):
     """isinstance(x, OffloadManager): whether x is a torch.classes.offload.OffloadManager (a
     ScriptObject, whatever built it)."""

@@ -9,7 +9,7 @@ HiddenStatesOptions and ActivationsOptions are the bases of SelectiveOptions and
 import dataclasses
 from typing import ClassVar, Dict, Optional, Union
 
-from .._library.manager import DEFAULT_DISK_DIR, MANAGER_DEFAULTS
+from .._library.manager import MANAGER_DEFAULTS, hooks_mode_settings
 from ..policies.named_policies import resolve
 from ..policies.projections import is_fast_policy
 from .errors import OptionTypeError, OptionValueError, check_bool, check_int
@@ -216,7 +216,7 @@ class SyncOptions(ActivationsOptions):
     sizes_window_from_link: ClassVar[bool] = False
 
     def manager_kwargs(self) -> dict:
-        return dict(super().manager_kwargs(), synchronous=True, prefetch_depth=0)
+        return dict(super().manager_kwargs(), **hooks_mode_settings(self.mode_name))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +229,7 @@ class DiskOptions(ActivationsOptions):
     sizes_window_from_link: ClassVar[bool] = False
 
     def manager_kwargs(self) -> dict:
-        return dict(super().manager_kwargs(), disk_only=True, disk_dir=self.disk_dir or DEFAULT_DISK_DIR)
+        return dict(super().manager_kwargs(), **hooks_mode_settings(self.mode_name, self.disk_dir))
 
 
 @dataclasses.dataclass(frozen=True)

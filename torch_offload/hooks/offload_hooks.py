@@ -33,7 +33,7 @@ from .._library.dtensors import join_local, split_local
 from .._library.layouts import Packed, compact_layout, rebuild
 from ..copy_and_pickle import NotPicklable
 from .nothing_offloaded import StepCounts
-from .._library.manager import (DECISIONS, DEFAULT_DISK_DIR, MANAGER_DEFAULTS, STAT_NAMES, OffloadManager,
+from .._library.manager import (DECISIONS, MANAGER_DEFAULTS, STAT_NAMES, OffloadManager, hooks_mode_settings,
                                register_stats_source)
 from .._library.manager import reset_stats as manager_reset_stats
 from .._library.manager import stats as manager_stats
@@ -138,19 +138,11 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         self.mode = canonical_mode(mode)
         self.min_bytes = min_bytes
         if manager is None:
-            if self.mode == "disk" and disk_dir is None:
-                disk_dir = DEFAULT_DISK_DIR
-            manager = OffloadManager(
-                max_in_flight=max_in_flight,
-                prefetch_depth=0 if self.mode == "sync" else prefetch_depth,
-                host_budget_bytes=host_budget_bytes,
-                node_host_budget_bytes=node_host_budget_bytes,
-                synchronous=self.mode == "sync",
-                disk_dir=disk_dir or "",
-                disk_only=self.mode == "disk",
-                keep_on_device_bytes=keep_on_device_bytes,
-                disk_direct_io=disk_direct_io,
-            )
+            settings = dict(max_in_flight=max_in_flight, prefetch_depth=prefetch_depth,
+                            host_budget_bytes=host_budget_bytes, node_host_budget_bytes=node_host_budget_bytes,
+                            disk_dir=disk_dir or "", keep_on_device_bytes=keep_on_device_bytes,
+                            disk_direct_io=disk_direct_io)
+            manager = OffloadManager(**{**settings, **hooks_mode_settings(self.mode, disk_dir or "")})
         self.manager = manager
         self.warn_on_exit = warn_on_exit
         self.batch_copies = batch_copies
