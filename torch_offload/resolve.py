@@ -22,6 +22,7 @@ from typing import List, NamedTuple, Optional
 from torch import nn
 
 from ._library import node_budget
+from ._library.dtensors import is_dtensor
 from .config.mode_options import ManagerOptions
 from .config.offload_config import OffloadConfig
 from .config.parts import ChunkedLossOptions, LayerOffloadingOptions, TilingOptions
@@ -80,6 +81,12 @@ def _layer_offloading(given, blocks, notes: List[Note]):
     size = _frozen_bytes(blocks)
     if not size:
         notes.append(Note("layer offloading", "off", "every parameter of the blocks trains: no frozen weight to move"))
+        return False
+    if any(is_dtensor(p) for block in blocks for p in block.parameters()):
+        notes.append(Note("layer offloading", "off", f"the blocks' parameters are sharded (FSDP2 or tensor parallel: "
+                          f"DTensors), so each rank already holds a share of the {size / GIB:.2f} GiB of frozen "
+                          "weights; layer offloading moves whole weights (fully_shard's CPUOffloadPolicy keeps "
+                          "the shards in host memory instead)"))
         return False
     notes.append(Note("layer offloading", "on", f"{size / GIB:.2f} GiB of frozen weights in {len(blocks)} blocks "
                       "live in host memory and visit the GPU while their block runs"))

@@ -95,8 +95,10 @@ class _FrozenWeight:
                 f"torch_offload.offload_layers: the frozen weight {self.qualified} was replaced in "
                 "its module after offload_layers (by fully_shard, which installs its own sharded "
                 "and unsharded parameters, or by assigning a new Parameter). Layer offloading and "
-                "FSDP2 do not combine: use fully_shard(..., offload_policy=CPUOffloadPolicy()) to "
-                "keep sharded weights in host memory, or call handle.remove() first."
+                "FSDP2 do not combine: apply offloading after fully_shard (long_context=True then "
+                "leaves layer offloading off, the frozen base sharded), pass layer_offloading=False, "
+                "or use fully_shard(..., offload_policy=CPUOffloadPolicy()) to keep sharded weights "
+                "in host memory; call handle.remove() first."
             )
         if p.device.type != "cpu" or p.untyped_storage().data_ptr() != self.handle.untyped_storage().data_ptr():
             raise RuntimeError(
