@@ -359,9 +359,10 @@ def checkpoint_hooks(request, monkeypatch):
     """Runs a test with our non-reentrant checkpoint's C hooks (pyext/checkpoint_frame.cpp) and again
     with the Python path a build without them takes (torch's own implementation): the prefix of a
     CheckpointError says which one served."""
-    from torch_offload.checkpointing import drop_in, nonreentrant
+    import torch_offload.checkpointing.checkpoint as checkpoint_module
+    from torch_offload.checkpointing import nonreentrant
     if request.param == "python":
-        monkeypatch.setattr(drop_in, "c_checkpoint_hooks_available", lambda: False)
+        monkeypatch.setattr(checkpoint_module, "c_checkpoint_hooks_available", lambda: False)
         return "torch.utils.checkpoint:"
     if not nonreentrant.available():
         if os.environ.get("TORCH_OFFLOAD_PYTHON_SAVE_HOOKS") == "1":
