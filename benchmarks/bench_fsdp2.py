@@ -10,6 +10,17 @@ sharded, then materialised: no rank ever holds the whole model). Variants:
   hs_chunked apply(model, "hidden_states", chunked_loss=True) before fully_shard: the loss computed
              over chunks of tokens, never the whole sequence's logits
   all        apply(model, "all") after fully_shard (only at --all-seqs: it moves every activation)
+  all_link   the same with keep_on_device_bytes="auto": the saves the rank's share of the node's link
+             cannot carry during the forward stay on the GPU
+  sel        apply(model, "selective") after fully_shard: policy "attention", every block offloads
+             its attention outputs
+  sel_link   the same with link_throttle=True: blocks past the rank's share of the node's link
+             recompute their attention instead of offloading it
+  sel_qkv, sel_qkv_link   the same two with policy "attention+qkv+out_proj"
+  auto       apply(model, "auto") after fully_shard: the step is timed once auto has chosen (its
+             trials, agreed by all ranks, run as warm-up); the choice is recorded
+A step is forward and backward, no optimizer step. Variants run one after another in one process
+leave memory behind (a later variant's peak reads higher): take peaks from one process per variant.
 Per rank: median step time, tokens/s, peak allocated / reserved GPU memory over the measured steps,
 bytes moved (manager stats). Per variant against ckpt: tokens/s ratio and peak memory freed over
 the checkpoint-boundary bytes L*S*h*elem of one rank.
@@ -23,6 +34,8 @@ length all fit. --seqs "" skips the table of timed runs before the search.
 Rank 0 writes <out>/fsdp2_<gpu>x<N>.json and .md (rewritten after every run; without --out, into a
 new temporary folder).
 GPU (2x H200): torchrun --nproc_per_node=2 benchmarks/bench_fsdp2.py --longest --out DIR
+A full node:   for v in ckpt sel sel_qkv auto; do torchrun --standalone --nproc_per_node=4 \
+                   benchmarks/bench_fsdp2.py --seqs 16384 --variants $v --out DIR/$v; done
 CPU smoke:     torchrun --nproc_per_node=2 benchmarks/bench_fsdp2.py --device cpu --tiny --longest --out DIR
 """
 import argparse
@@ -37,11 +50,25 @@ from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
+from torch_offload.hooks.link_budget import DECISIONS, LinkBudget, PolicyLinkBudget  # noqa: E402
+from torch_offload.hooks.node_link import link_bandwidth  # noqa: E402
 from benchmarks.common import (GB, SHAPES, TINY, add_run_args, agree, build_llama, exit_without_finalising,  # noqa: E402
                                finish_run_args, gather, init_ranks, log, longest_fitting, new_result, output_dir,
                                past_deadline, release_memory, short_gpu_name, table, timed_steps, worst_rank)
 
-VARIANTS = ("ckpt", "hs_before", "hs_after", "hs_chunked", "all")
+VARIANTS = ("ckpt", "hs_before", "hs_after", "hs_chunked", "all", "all_link", "sel", "sel_link", "sel_qkv",
+            "sel_qkv_link", "auto")
+# Variants applied after fully_shard: (mode, options).
+APPLIED_AFTER = {
+    "hs_after": ("hidden_states", {}),
+    "all_link": ("all", {"keep_on_device_bytes": "auto"}),
+    "sel": ("selective", {}),
+    "sel_link": ("selective", {"link_throttle": True}),
+    "sel_qkv": ("selective", {"policy": "attention+qkv+out_proj"}),
+    "sel_qkv_link": ("selective", {"policy": "attention+qkv+out_proj", "link_throttle": True}),
+    "auto": ("auto", {}),
+}
+AUTO_MAX_WARMUP = 80  # steps auto may take to choose
 
 
 def build_sharded(args, shape: dict, seq: int, variant: str):
@@ -66,11 +93,44 @@ def build_sharded(args, shape: dict, seq: int, variant: str):
                 p.to_local().normal_(0.0, 0.02)
         with torch.device(args.device):
             model.model.rotary_emb = type(model.model.rotary_emb)(model.config)
-    if variant == "hs_after":
-        handle = torch_offload.apply(model, "hidden_states")
+    if variant in APPLIED_AFTER:
+        mode, options = APPLIED_AFTER[variant]
+        if mode == "all" and args.tiny:
+            options = dict(options, min_bytes=0)
+        handle = torch_offload.apply(model, mode, **options)
     elif variant == "all":
         handle = torch_offload.apply(model, "all", min_bytes=0 if args.tiny else 1 << 20)
     return model, handle
+
+
+def warmed_up(handle, steps_done: int, warmup: int, cuda: bool) -> bool:
+    """Whether warm-up is over: `warmup` steps, and auto's choice and the link budget's decisions
+    made (on CUDA: on CPU the link budget measures nothing)."""
+    if steps_done < warmup or handle is None:
+        return steps_done >= warmup
+    if handle.auto is not None:
+        return handle.auto.planned or steps_done >= AUTO_MAX_WARMUP
+    if cuda and isinstance(handle.link_budget, PolicyLinkBudget):
+        return len(handle.link_budget.history) >= DECISIONS
+    return True
+
+
+def choices(handle) -> dict:
+    """What auto chose, how many blocks the link budget lets offload their policy's outputs, the
+    window of saves kept on the GPU, and the rank's share of the link they were sized from."""
+    if handle is None:
+        return {}
+    if handle.auto is not None:
+        chosen = handle.auto.chosen
+        return {"auto_chosen": None if chosen is None else repr(chosen), "auto_trials": len(handle.auto.results)}
+    budget, row = handle.link_budget, {}
+    if isinstance(budget, PolicyLinkBudget):
+        row = {"policy_blocks": budget.policy_blocks, "blocks": budget.blocks}
+    elif isinstance(budget, LinkBudget):
+        row = {"window_GB": budget.window / GB}
+    if budget is not None and budget.history:  # the share was measured (a cached figure: no collective)
+        row["link_GB_per_s"] = link_bandwidth(torch.device("cuda", torch.cuda.current_device())) / GB
+    return row
 
 
 def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> dict:
@@ -85,8 +145,12 @@ def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> d
             model(input_ids=ids, labels=ids).loss.backward()
             model.zero_grad(set_to_none=True)
 
-        for _ in range(warmup):
+        done = 0
+        while not warmed_up(handle, done, warmup, args.device == "cuda"):
             step()
+            done += 1
+        row["warmup_steps"] = done
+        row.update(choices(handle))
         if handle is not None:
             handle.manager.synchronize()
             handle.manager.reset_stats()

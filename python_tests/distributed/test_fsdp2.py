@@ -77,7 +77,8 @@ def test_longest_search_doubles_then_bisects_on_4k_steps():
 def test_bench_fsdp2_cpu_smoke(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(ROOT / "benchmarks" / "bench_fsdp2.py"), "--device", "cpu", "--tiny", "--seqs", "64",
-               "--warmup", "1", "--steps", "1", "--longest", "--out", str(tmp_path)]
+               "--warmup", "1", "--steps", "1", "--longest", "--out", str(tmp_path),
+               "--variants", "ckpt,hs_before,hs_after,hs_chunked,all,all_link,sel,sel_link,auto"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
         # A gloo rank's abort at exit, a torch bug (see gloo_ranks.py); bench_fsdp2.py now leaves
@@ -87,9 +88,17 @@ def test_bench_fsdp2_cpu_smoke(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "fsdp2_cpux2_tiny.json").read_text())
     assert [(r["variant"], r["seq"]) for r in result["runs"]] == [
-        ("ckpt", 64), ("hs_before", 64), ("hs_after", 64), ("hs_chunked", 64), ("all", 64)]
+        ("ckpt", 64), ("hs_before", 64), ("hs_after", 64), ("hs_chunked", 64), ("all", 64), ("all_link", 64),
+        ("sel", 64), ("sel_link", 64), ("auto", 64)]
     assert all("error" not in r and len(r["per_rank"]) == 2 for r in result["runs"])
-    assert all(r["GB_to_host_per_step"] > 0 for r in result["runs"][1:])
+    runs = {r["variant"]: r for r in result["runs"]}
+    assert all(runs[v]["GB_to_host_per_step"] > 0 for v in runs if v not in ("ckpt", "auto"))
+    # The link throttle (on CPU it measures nothing: every block offloads); auto chose, the same on
+    # both ranks.
+    assert [r["policy_blocks"] for r in runs["sel_link"]["per_rank"]] == [3, 3]
+    assert "policy_blocks" not in runs["sel"]["per_rank"][0]
+    chosen = {r["auto_chosen"] for r in runs["auto"]["per_rank"]}
+    assert len(chosen) == 1 and None not in chosen
     # the cap: nothing runs out of memory on CPU
     assert result["longest"] == {"ckpt": 256, "hs_before": 256, "hs_chunked": 256}
     assert [r["variant"] for r in result["longest_timed"]] == ["ckpt", "hs_before", "hs_chunked"]

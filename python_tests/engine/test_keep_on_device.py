@@ -10,7 +10,7 @@ import torch
 
 import torch_offload
 from python_tests.support.devices import cuda_only
-from torch_offload.hooks import link_budget
+from torch_offload.hooks import link_budget, node_link
 from torch_offload.hooks.link_budget import window_for
 from torch_offload.modes.auto.controller import keep_on_device_bytes_for
 from torch_offload.modes.auto.trials import GB
@@ -183,11 +183,11 @@ def test_auto_link_budget_sizes_the_window_each_step_and_trains_as_before(mode, 
     handle = torch_offload.apply(ours, mode, keep_on_device_bytes="auto", **options)
     _steps_match_plain(ours, plain, "cuda", steps=2)
     (saved, seconds, stalled, window), = handle.link_budget.history  # measured after the first step
-    assert saved > 0 and seconds > 0 <= stalled and window == window_for(saved, seconds, stalled, link_budget.d2h_bandwidth(
+    assert saved > 0 and seconds > 0 <= stalled and window == window_for(saved, seconds, stalled, node_link.link_bandwidth(
         torch.device("cuda")))
     assert handle.manager.keep_on_device_bytes() == window
     # A link of 1 byte/s carries nothing: the next steps keep every save on the GPU.
-    monkeypatch.setitem(link_budget._bandwidth, torch.cuda.current_device(), 1.0)
+    monkeypatch.setitem(node_link._bandwidth, torch.cuda.current_device(), 1.0)
     _steps_match_plain(ours, plain, "cuda", steps=2)
     assert handle.link_budget.window >= saved
     torch_offload.reset_stats(handle.manager)

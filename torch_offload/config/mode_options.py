@@ -120,6 +120,11 @@ class SelectiveOptions(HiddenStatesOptions):
     min_bytes: smaller outputs stay on the device (default 64 KiB).
     prefetch_depth: saves copied back ahead of need in backward (default: one block's saves, from the
         policy, raised to what each block saves in its first training forward).
+    link_throttle: offload the policy's outputs of only as many blocks as this rank's share of the
+        node's host link carries during the forward; the last blocks recompute theirs
+        (hooks/link_budget.py). Off by default: its estimate of the link is conservative, and on a
+        full node it lost more than it gained at 32K tokens (docs/performance.md); mode "auto",
+        which measures, is the choice there.
     """
 
     mode_name: ClassVar[str] = "selective"
@@ -130,10 +135,12 @@ class SelectiveOptions(HiddenStatesOptions):
     policy: object = None
     block_policies: Optional[list] = None
     min_bytes: int = SELECTIVE_MIN_BYTES
+    link_throttle: bool = False
 
     def __post_init__(self):
         super().__post_init__()
         check_int("min_bytes", self.min_bytes)
+        check_bool("link_throttle", self.link_throttle)
         if self.policy is not None and self.block_policies is not None:
             raise OptionValueError("pass policy= (every block) or block_policies= (one per block), not both")
         policies = self.block_policies if isinstance(self.block_policies, (list, tuple)) else [self.policy_name]

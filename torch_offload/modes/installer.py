@@ -29,11 +29,16 @@ class CheckpointInstaller(ModeInstaller):
         choice (built here, prefetch_depth not given), which the wrappers may raise."""
         raise NotImplementedError
 
+    def after_wrapping(self, handle, wrappers: list, options) -> None:
+        """What the mode adds once its wrappers are installed (nothing by default)."""
+
     def install(self, handle, blocks, options, manager=None) -> None:
         handle.manager = manager if manager is not None else self.build_manager(options, blocks)
         chose_depth = manager is None and options.prefetch_depth is None
-        for wrapper in self.wrappers(blocks, handle.manager, options, chose_depth):
+        wrappers = self.wrappers(blocks, handle.manager, options, chose_depth)
+        for wrapper in wrappers:
             handle.wrap(wrapper)
+        self.after_wrapping(handle, wrappers, options)
         finish_checkpointing(handle)
 
 

@@ -15,6 +15,7 @@ from .._library.manager import OffloadManager, default_manager, register_stats_s
 from ..blocks import ForwardWrapper
 from ..checkpointing.checkpoint import checkpoint
 from ..checkpointing.reentrant import reentrant_checkpoint
+from ..hooks.link_budget import PolicyLinkBudget
 from ..policies.interception import attention_offload_contexts
 from ..policies.named_policies import SAVES_PER_BLOCK
 from ..policies.per_op import selective_offload_contexts
@@ -108,8 +109,18 @@ def block_checkpoint(manager, fit_prefetch_depth: bool):
     return FirstForwardDepth(manager) if fit_prefetch_depth else selective_checkpoint
 
 
+def _first_tensor_bytes(args, kwargs) -> int:
+    """The bytes of a call's first tensor argument (the block input checkpoint() offloads)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.numel() * value.element_size()
+    return 0
+
+
 class SelectiveForward(ForwardWrapper):
-    """A block's forward under selective_checkpoint while training with grad enabled."""
+    """A block's forward under selective_checkpoint while training with grad enabled. With a link
+    budget (`link`, hooks/link_budget.PolicyLinkBudget; `index`: the block's place in forward order),
+    a block past the budget runs as in "hidden_states": its policy's outputs recomputed, not offloaded."""
 
     def __init__(self, block: nn.Module, manager, policy, min_bytes: int, use_reentrant: bool = False,
                  fit_prefetch_depth: bool = False, kept_bytes: KeptBytes = None):
@@ -117,13 +128,19 @@ class SelectiveForward(ForwardWrapper):
         self.manager, self.policy, self.min_bytes, self.use_reentrant = manager, policy, min_bytes, use_reentrant
         self.kept_bytes = kept_bytes
         self.checkpoint = block_checkpoint(manager, fit_prefetch_depth)
+        self.link, self.index = None, 0
 
     def __call__(self, *args, **kwargs):
-        if self.training_with_grad():
-            return self.checkpoint(self.run, *args, policy=self.policy, manager=self.manager,
-                                   min_bytes=self.min_bytes, block=self.block, use_reentrant=self.use_reentrant,
-                                   kept_bytes=self.kept_bytes, **kwargs)
-        return self.run(*args, **kwargs)
+        if not self.training_with_grad():
+            return self.run(*args, **kwargs)
+        if self.link is not None:
+            offload = self.link.offloads_policy(self.index)
+            self.link.count_block(_first_tensor_bytes(args, kwargs), offload)
+            if not offload:
+                return checkpoint(self.run, *args, manager=self.manager, use_reentrant=self.use_reentrant, **kwargs)
+        return self.checkpoint(self.run, *args, policy=self.policy, manager=self.manager,
+                               min_bytes=self.min_bytes, block=self.block, use_reentrant=self.use_reentrant,
+                               kept_bytes=self.kept_bytes, **kwargs)
 
 
 def block_prefetch_depth(blocks, policies) -> int:
@@ -149,3 +166,11 @@ class Selective(CheckpointInstaller):
         return [SelectiveForward(block, manager, policy, options.min_bytes, options.use_reentrant, chose_depth,
                                  kept_bytes)
                 for block, policy in zip(blocks, options.policies_for(blocks))]
+
+    def after_wrapping(self, handle, wrappers, options) -> None:
+        if options.link_throttle:
+            budget = PolicyLinkBudget(handle.manager, len(wrappers))
+            for index, wrapper in enumerate(wrappers):
+                wrapper.link, wrapper.index = budget, index
+            handle.link_budget = budget
+            handle.on_remove(*budget.watch(handle.model))

@@ -35,6 +35,9 @@ The rounds after the candidates (trials.Phase):
 - kept products (kept_products.py): the fastest selective result without a tail runs with its last blocks
   keeping their MLP's up/gate products on the device ("+keep_fc1"), at most KEPT_TRIES trials.
 
+Under several ranks each timed step's figures are the highest of all ranks' (a step takes as long
+as its slowest rank), so every rank makes the same choice (hooks/node_link.agree).
+
 Each trial is installed on a handle of its own (candidates.install_trial); switching trials removes
 the last one's. While it plans, auto synchronises the device and resets its peak-memory statistics
 at each step.
@@ -46,6 +49,7 @@ from typing import Callable, List, Optional
 import torch
 from torch import nn
 
+from ...hooks.node_link import agree, ranks
 from ...policies.store import KeptBytes
 from .kept_products import can_keep_mlp, next_kept_trial
 from .unchecked_tail import TailProbe, next_tail_trial
@@ -198,7 +202,7 @@ class AutoController:
             self._decide()
 
     def _result(self, trial: Trial, cuda: bool) -> TrialResult:
-        timed = self._timed
+        self._timed = timed = self._agreed(self._timed)
         result = TrialResult(trial, step_s=min(t[0] for t in timed), steps_s=[t[0] for t in timed],
                              bytes_to_host=timed[-1][2], kept_gb=timed[-1][4] / GB)
         if cuda:
@@ -212,6 +216,19 @@ class AutoController:
                 result.predicted_peak_gb = max(alone.peak_allocated_gb,
                                                alone.early_or_peak_gb + trial.keep_on_device_bytes / GB)
         return result
+
+    @staticmethod
+    def _agreed(timed: List[tuple]) -> List[tuple]:
+        """The timed steps as every rank measured them, the highest figure of all ranks in each field
+        (a step takes as long as its slowest rank): every rank then makes the same choice. As they
+        are with one rank."""
+        if ranks() == 1:
+            return timed
+        fields = [[(-1.0 if value is None else value) for value in step] for step in timed]
+        flat = agree([value for step in fields for value in step], "max")
+        width = len(fields[0])
+        return [tuple(None if value < 0 else value for value in flat[i * width:(i + 1) * width])
+                for i in range(len(fields))]
 
     def _queue_next_trials(self) -> None:
         """Moves through the rounds until one queues a trial; past the last, the phase stays at
