@@ -9,7 +9,7 @@ from torch import nn
 from .blocks import blocks_to_wrap
 from .config.errors import OptionError
 from .config.offload_config import OffloadConfig
-from .config.keywords import DefaultMode, config_from_keywords, describe_call
+from .config.keywords import PART_KEYWORDS, DefaultMode, config_from_keywords, describe_call
 from .config.mode_options import MODE_OPTIONS
 from .handle import OffloadHandle
 from .install import install, wraps_blocks
@@ -108,6 +108,18 @@ def read_config(config, options: dict, parts: dict, name: str = CALL):
             raise error.naming(call) from None
     return (config_from_keywords(config, options, name, given_parts), describe_call(name, config)[0],
             not isinstance(config, DefaultMode))
+
+
+def read_options(config, options: dict, name: str):
+    """(the OffloadConfig, the call as errors name it) of a later apply(model, config, **options), for
+    an entry point `name` that applies when training begins (a trainer's callback): what apply checks
+    before it looks at the model, checked now, so that a wrong mode or option raises where it was
+    written. blocks= is left for apply."""
+    rest = {key: value for key, value in options.items() if key not in ("blocks", "manager") + PART_KEYWORDS}
+    parts = {key: options.get(key) for key in PART_KEYWORDS}
+    config, call, _ = read_config(config, rest, parts, name)
+    check_manager(config, options.get("manager"), call)
+    return config, call
 
 
 def check_manager(config: OffloadConfig, manager, call: str) -> None:

@@ -70,7 +70,8 @@ def test_the_core_requires_torch_only():
     project = _pyproject()["project"]
     assert [Requirement(r).name for r in project["dependencies"]] == ["torch"]
     extras = project["optional-dependencies"]
-    assert {"hf", "trl", "bench", "test", "examples"} <= set(extras)
+    assert {"hf", "trl", "lightning", "bench", "test", "examples"} <= set(extras)
+    assert all("lightning" in {Requirement(r).name for r in extras[extra]} for extra in ("lightning", "test"))
     assert "diffusers==0.42.1" in extras["examples"]
     assert "transformers" in {Requirement(r).name for r in extras["hf"]}
     assert "matplotlib" in {Requirement(r).name for r in extras["bench"]}

@@ -34,4 +34,4 @@ TRAIN_ONE_STEP = """
     handle.remove()
     print("trained", stats["bytes_to_host"])
     """
-OPTIONAL = ("transformers", "trl", "peft", "accelerate", "diffusers", "datasets", "matplotlib")
+OPTIONAL = ("transformers", "trl", "peft", "accelerate", "diffusers", "datasets", "matplotlib", "lightning")

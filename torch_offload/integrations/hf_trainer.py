@@ -12,8 +12,7 @@ from typing import Optional
 
 from transformers import TrainerCallback
 
-from ..apply import apply, check_manager, read_config
-from ..config.keywords import PART_KEYWORDS
+from ..apply import apply, read_options
 from ..handle import OffloadHandle
 from .trainer_config import from_config
 from .hf_checkpointing import OFFLOAD_REFUSED, check_options, take_over
@@ -57,11 +56,7 @@ class OffloadCallback(TrainerCallback):
             options_only = {k: v for k, v in options.items() if k != "manager"}
             check_options(mode, options_only, self._call, options.get("manager"), _HF_ROUTE_HINTS)
             return
-        # What apply() checks before it looks at the model, now.
-        rest = {k: v for k, v in options.items() if k not in ("blocks", "manager") + PART_KEYWORDS}
-        parts = {k: options.get(k) for k in PART_KEYWORDS}
-        self.config, self._call, _ = read_config(mode, rest, parts, name)
-        check_manager(self.config, options.get("manager"), self._call)
+        self.config, self._call = read_options(mode, options, name)
 
     @classmethod
     def from_config(cls, activation_offloading=None, layer_offloading: bool = False, **options):
