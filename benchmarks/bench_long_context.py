@@ -10,7 +10,13 @@ try of the search, with the device memory checked back to ~0 first. Variants (--
 
   ckpt          model.gradient_checkpointing_enable(use_reentrant=False), the model's own loss: what a
                 user does today
-  hf_offload    the same with transformers' offload=True (save_on_cpu around each checkpoint)
+  ckpt_liger    the same with Liger Kernel's fused linear cross entropy (apply_liger_kernel_to_llama
+                on the model instance with only fused_linear_cross_entropy on): the strongest baseline
+                a long-context user runs; only the loss differs from ckpt
+  ckpt_chunked  the same with torch_offload's chunked loss alone (chunk_lm_loss, no offloading): the
+                loss ours uses
+  hf_offload    ckpt with transformers' offload=True (save_on_cpu around each checkpoint)
+  hf_offload_liger  hf_offload with Liger's fused linear cross entropy
   ours          torch_offload.apply(model, "hidden_states", long_context=True): layer inputs in host
                 memory (disk past the host budget), chunked loss, tiled MLP, frozen base offloaded
   ours_weights_on_gpu  the same with layer_offloading=False: the frozen base stays on the GPU
@@ -26,6 +32,14 @@ allocated / reserved GPU memory; for ours the engine's statistics over the measu
 peak, bytes to host, disk bytes written, spills; the frozen weights' copies) and handle.explain().
 An out-of-memory length is recorded as OOM. --timed-longest: each variant timed at its own longest
 length; --timed-longest VARIANT: every variant timed at VARIANT's longest.
+--rounds N (or one number per --seqs length, e.g. 3,2): every variant N times per length, each run on
+a fresh model, in interleaved rounds; odd rounds run the variants in reverse order, so that drift of
+the machine and the position in a round fall on all of them alike. Every run is recorded; the
+summary gives per (variant, length) the step time min / median / max, the peaks, and the ratio of
+its tokens/s to --baseline's (default ckpt_liger) in the same round, min / median / max over rounds.
+
+The *_liger variants need Liger Kernel (pip install torch_offload[bench], or liger-kernel==0.8.5),
+whose Triton kernels need CUDA: on CPU they are refused.
 
 Writes <out>/long_context.json, .md and .png (peak GPU memory and tokens/s against the length; on
 CPU memory is not measured; a run cut short: python -m torch_offload.bench.plot long_context.json
@@ -33,12 +47,19 @@ long_context.png); without --out, into a new temporary folder.
 
 GPU:       python3 benchmarks/bench_long_context.py --longest --variants ckpt,hf_offload --seqs "" \\
                --deadline-s 420 --out DIR
+           ours against the strongest baseline, one H200, about 480-570 s: 10 runs, each a fresh model
+           (20-30 s) and 2 steps (~7 s at 32K, ~18 s at 64K); no run starts after 480 s. Without
+           network, Liger from its wheel (carried in .gpu/wheels):
+           pip install --no-deps --no-index .gpu/wheels/liger_kernel-0.8.5-py3-none-any.whl && \\
+           python3 benchmarks/bench_long_context.py --variants ckpt_liger,ours --seqs 32768,65536 \\
+               --rounds 3,2 --warmup 1 --steps 1 --deadline-s 480 --out DIR
            python3 benchmarks/bench_long_context.py --variants ours --seqs 262144 --warmup 0 --steps 1 --out DIR
 CPU smoke: python benchmarks/bench_long_context.py --device cpu --tiny --longest --out DIR
 """
 import argparse
 import inspect
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -53,7 +74,14 @@ from torch_offload._library.node_budget import host_memory_bytes  # noqa: E402
 from benchmarks.common import (GB, LLAMA3_8B, add_run_args, build_llama, finish_run_args, log,  # noqa: E402
                                longest_fitting, new_result, output_dir, release_memory, table, timed_steps)
 
-VARIANTS = ("ckpt", "hf_offload", "ours", "ours_weights_on_gpu", "ours_untiled")
+VARIANTS = ("ckpt", "ckpt_liger", "ckpt_chunked", "hf_offload", "hf_offload_liger", "ours", "ours_weights_on_gpu",
+            "ours_untiled")
+CHECKPOINTED = ("ckpt", "ckpt_liger", "ckpt_chunked", "hf_offload", "hf_offload_liger")  # transformers' checkpointing
+LIGER_VARIANTS = ("ckpt_liger", "hf_offload_liger")
+FULL_LOGITS = ("ckpt", "hf_offload")  # the others' loss never materialises the logits of the whole sequence
+LIGER_VERSION = "0.8.5"  # pyproject.toml's bench extra
+LIGER_HOW = ("apply_liger_kernel_to_llama(fused_linear_cross_entropy=True, rope=False, rms_norm=False, swiglu=False, "
+             "cross_entropy=False, model=base)")
 SHAPES = {"llama3_8b": LLAMA3_8B}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LEFT_OVER_BYTES = 256 << 20  # device memory still allocated before a build that is worth a warning
@@ -78,10 +106,15 @@ def enable(model, variant: str, **ours_options):
     """Turns `variant` on for a fresh PEFT model: (our handle or None, what to remove afterwards,
     the call that turned it on). ours_options: apply()'s options for "ours" (host_budget_bytes,
     disk_dir)."""
-    if variant in ("ckpt", "hf_offload"):
-        offload = {"offload": True} if variant == "hf_offload" else {}
+    if variant in CHECKPOINTED:
+        offload = {"offload": True} if variant.startswith("hf_offload") else {}
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}, **offload)
-        return None, [], "gradient_checkpointing_enable(use_reentrant=False" + (", offload=True)" if offload else ")")
+        how = "gradient_checkpointing_enable(use_reentrant=False" + (", offload=True)" if offload else ")")
+        if variant in LIGER_VARIANTS:
+            return None, [liger_fused_loss(model)], how + " + " + LIGER_HOW
+        if variant == "ckpt_chunked":
+            return None, [torch_offload.chunk_lm_loss(model)], how + " + chunk_lm_loss(model)"
+        return None, [], how
     if variant == "ours_untiled":
         handle = torch_offload.apply(model, "hidden_states", chunked_loss=True)
         return handle, [handle], 'apply(model, "hidden_states", chunked_loss=True)'
@@ -90,6 +123,43 @@ def enable(model, variant: str, **ours_options):
     if variant == "ours_weights_on_gpu":
         return enable_ours(model, layer_offloading=False, **ours_options)
     raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+
+
+def import_liger():
+    """Liger Kernel's apply_liger_kernel_to_llama, imported only where a Liger variant runs."""
+    try:
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+    except ImportError as error:
+        raise ImportError(f"the Liger variants ({', '.join(LIGER_VARIANTS)}) need Liger Kernel: "
+                          f"pip install torch_offload[bench] (liger-kernel=={LIGER_VERSION}); {error}") from error
+    return apply_liger_kernel_to_llama
+
+
+class InstanceForward:
+    """Undoes Liger's patch of one model instance: the class's forward again. Also breaks the cycle
+    (the model holds a method bound to itself) that would keep the model alive until gc runs."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def remove(self):
+        vars(self.model).pop("forward", None)
+
+
+def liger_fused_loss(model):
+    """Liger's fused linear cross entropy on `model` (a Llama, PEFT-wrapped or not), as a Llama user
+    turns it on, and nothing else of Liger: its RoPE, RMSNorm and SwiGLU stay off, so that only the
+    loss differs from checkpointing with the model's own loss. Its loss is the model's: labels
+    shifted, ignore_index -100, the mean over the tokens, accumulated in fp32.
+
+    Given the instance, Liger replaces that instance's forward, not the class's: the other variants
+    in this process keep the model's own loss, and PEFT calls it (LoraModel.forward calls
+    self.model(...), which takes the instance's forward). train() checks that no logits come back."""
+    apply_liger = import_liger()
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    apply_liger(fused_linear_cross_entropy=True, rope=False, rms_norm=False, swiglu=False, cross_entropy=False,
+                model=base)
+    return InstanceForward(base)
 
 
 def enable_ours(model, **options):
@@ -139,7 +209,13 @@ def train(args, variant: str, seq: int, warmup: int, steps: int) -> dict:
         def step():
             if 0 < args.cpu_oom_above < seq:
                 raise torch.OutOfMemoryError(f"out of memory (--cpu-oom-above {args.cpu_oom_above})")
-            model(input_ids=ids, labels=ids).loss.backward()
+            output = model(input_ids=ids, labels=ids)
+            # Logits back from a fused or chunked loss: the model's own loss ran instead (the
+            # patched forward is not the one called), and the comparison would be void.
+            if variant not in FULL_LOGITS and output.logits is not None:
+                raise RuntimeError(f"{variant}: the model returned the logits: its loss is not the fused or "
+                                   "chunked one")
+            output.loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
@@ -274,7 +350,64 @@ def environment(args) -> dict:
             "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
             "host_ram_GB": host_ram, "shape": "tiny" if args.tiny else args.shape,
             "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "targets": LORA_TARGETS, "dtype": args.lora_dtype},
-            "device": args.device, "warmup": args.warmup, "steps": args.steps}
+            "device": args.device, "warmup": args.warmup, "steps": args.steps,
+            "rounds": dict(zip(args.seq_list, args.rounds_list)), "baseline": args.baseline}
+
+
+def summarise(runs: list, baseline: str) -> list:
+    """One row per (variant, seq) over the rounds of --seqs (runs with a "round"): step time min /
+    median / max, the peaks (the largest of the rounds), median tokens/s and, per round where both
+    ran, its tokens/s over `baseline`'s in that round: min / median / max of those ratios. A
+    (variant, seq) whose every round failed keeps the first error."""
+    groups, base = {}, {}
+    for r in runs:
+        if "round" not in r:
+            continue
+        groups.setdefault((r["variant"], r["seq"]), []).append(r)
+        if r["variant"] == baseline and "error" not in r:
+            base[(r["seq"], r["round"])] = r["tokens_per_s"]
+    rows = []
+    for (variant, seq), group in groups.items():
+        done = [r for r in group if "error" not in r]
+        row = {"variant": variant, "seq": seq, "rounds": len(done),
+               "failed": [f"round {r['round']}: {r['error']}" for r in group if "error" in r]}
+        if not done:
+            rows.append(dict(row, error=group[0]["error"]))
+            continue
+        steps = [r["step_s"] for r in done]
+        row.update(step_s_min=min(steps), step_s_median=statistics.median(steps), step_s_max=max(steps),
+                   step_s_rounds=steps, tokens_per_s_median=statistics.median(r["tokens_per_s"] for r in done))
+        for key in ("peak_allocated_GB", "peak_reserved_GB", "host_peak_GB"):
+            if any(key in r for r in done):
+                row[key] = max(r.get(key, 0) for r in done)
+        ratios = [r["tokens_per_s"] / base[(seq, r["round"])] for r in done if (seq, r["round"]) in base]
+        if ratios:
+            row.update(ratio_min=min(ratios), ratio_median=statistics.median(ratios), ratio_max=max(ratios),
+                       ratio_rounds=ratios)
+        rows.append(row)
+    return rows
+
+
+def spread(row: dict, key: str, fmt: str) -> str:
+    """min / median / max of `key` in a summary row, or "-"."""
+    if row.get(key + "_min") is None:
+        return "-"
+    return " / ".join(format(row[f"{key}_{which}"], fmt) for which in ("min", "median", "max"))
+
+
+def summary_table(result: dict) -> list:
+    baseline = result["baseline"]
+    lines = [f"| seq | variant | rounds | step s min / median / max | tok/s median | x {baseline} tok/s "
+             "min / median / max | peak alloc GB | peak reserved GB |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["summary"]:
+        if "error" in r:
+            lines.append(f"| {r['seq']} | {r['variant']} | 0 | {r['error']} | | | | |")
+            continue
+        peaks = [format(r[key], ".2f") if key in r else "-" for key in ("peak_allocated_GB", "peak_reserved_GB")]
+        failed = f" ({len(r['failed'])} failed)" if r["failed"] else ""
+        lines.append(f"| {r['seq']} | {r['variant']} | {r['rounds']}{failed} | {spread(r, 'step_s', '.2f')} | "
+                     f"{r['tokens_per_s_median']:.0f} | {spread(r, 'ratio', '.3f')} | {peaks[0]} | {peaks[1]} |")
+    return lines
 
 
 def markdown(result: dict) -> str:
@@ -300,9 +433,16 @@ def markdown(result: dict) -> str:
             lines.append(f"| {e['variant']} | {e['longest']} | {e['bound']} ({e['why']}) | "
                          f"{'-' if step is None else format(step, '.2f')} | "
                          f"{'-' if peak is None else format(peak, '.2f')} | {tries} |")
+    if result["summary"] and (max(result["rounds"].values(), default=1) > 1
+                              or any(r["variant"] == result["baseline"] for r in result["summary"])):
+        lines += ["", "## Summary: interleaved rounds (odd rounds in reverse order), a fresh model per run", "",
+                  f"x {result['baseline']}: in each round, the variant's tokens/s over {result['baseline']}'s; "
+                  "min / median / max over the rounds. Peaks: the largest of the rounds.", ""]
+        lines += summary_table(result)
     if result["runs"]:
-        lines += ["", f"## Timed steps: median of {result['steps']} after {result['warmup']} warm-up", ""]
+        lines += ["", f"## Timed steps: every run, median of {result['steps']} after {result['warmup']} warm-up", ""]
         lines += table(result["runs"], [
+            ("round", "round", "{}"),
             ("step s", "step_s", "{:.2f}"), ("tok/s", "tokens_per_s", "{:.0f}"),
             ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
             ("host peak GB", "host_peak_GB", "{:.2f}"), ("to host GB/step", "to_host_GB_per_step", "{:.2f}"),
@@ -316,12 +456,16 @@ def markdown(result: dict) -> str:
 
 
 def write(result: dict, out: Path, png: bool = False) -> None:
+    result["summary"] = summarise(result["runs"], result["baseline"])
     (out / "long_context.json").write_text(json.dumps(result, indent=1, default=str))
     (out / "long_context.md").write_text(markdown(result))
     if png and result["runs"]:
         from torch_offload.bench.plot import plot
         c = result["config"]
-        figure = dict(result, model=f"{result['shape']} shape ({c['layers']} layers, LoRA r16)")
+        # One point per (variant, length): the median of the rounds.
+        points = [dict(r, tokens_per_s=r.get("tokens_per_s_median")) for r in result["summary"]]
+        points += [r for r in result["runs"] if "round" not in r]
+        figure = dict(result, runs=points, model=f"{result['shape']} shape ({c['layers']} layers, LoRA r16)")
         try:
             plot(figure, out / "long_context.png")
         except RuntimeError as error:  # matplotlib missing: the JSON can be plotted elsewhere
@@ -332,6 +476,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, seqs="16384,32768,65536,131072,262144", steps=2, warmup=1)
     p.add_argument("--variants", default="ckpt,hf_offload,ours", help="comma-separated: " + ",".join(VARIANTS))
+    p.add_argument("--rounds", default="1",
+                   help="runs of every variant per --seqs length, in interleaved rounds: one number, or one per "
+                        "length (3,2)")
+    p.add_argument("--baseline", default="ckpt_liger", help="the variant the summary's tokens/s ratios divide by")
     p.add_argument("--shape", default="llama3_8b", choices=sorted(SHAPES))
     p.add_argument("--layers", type=int, default=0, help="this many decoder layers (a slice of the shape)")
     p.add_argument("--lora-dtype", default="fp32", choices=("fp32", "bf16"),
@@ -369,7 +517,24 @@ def main():
             p.error(f"unknown variant {v!r}; expected some of {','.join(VARIANTS)}")
     if args.timed_longest not in (None, "own") and args.timed_longest not in searched:
         p.error(f"--timed-longest {args.timed_longest}: that variant is not searched (--longest, --longest-variants)")
-    if "hf_offload" in variants + searched:
+    try:
+        args.rounds_list = [int(n) for n in args.rounds.split(",")]
+    except ValueError:
+        p.error(f"--rounds {args.rounds}: expected a number, or one per --seqs length")
+    if len(args.rounds_list) == 1:
+        args.rounds_list *= len(args.seq_list)
+    if len(args.rounds_list) != len(args.seq_list) or min(args.rounds_list, default=1) < 1:
+        p.error(f"--rounds {args.rounds}: expected one number >= 1, or one per --seqs length ({len(args.seq_list)})")
+    liger = [v for v in dict.fromkeys(variants + searched) if v in LIGER_VARIANTS]
+    if liger and args.device != "cuda":
+        p.error(f"{','.join(liger)}: Liger Kernel's fused linear cross entropy is a Triton kernel, which needs "
+                "CUDA; run these variants with --device cuda")
+    if liger:
+        try:
+            import_liger()
+        except ImportError as error:
+            p.error(str(error))
+    if any(v.startswith("hf_offload") for v in variants + searched):
         from transformers import PreTrainedModel
         if "offload" not in inspect.signature(PreTrainedModel.gradient_checkpointing_enable).parameters:
             p.error("hf_offload: this transformers has no gradient_checkpointing_enable(offload=...)")
@@ -379,10 +544,12 @@ def main():
     for variant in searched:
         result["longest"].append(search(args, result, variant))
         write(result, out)
-    for seq in args.seq_list:
-        for variant in variants:
-            timed(args, result, variant, seq)
-            write(result, out)
+    for seq, rounds in zip(args.seq_list, args.rounds_list):
+        for index in range(rounds):
+            # Odd rounds in reverse: no variant always runs first (or right after the same one).
+            for variant in variants if index % 2 == 0 else variants[::-1]:
+                timed(args, result, variant, seq, round=index + 1)
+                write(result, out)
     if args.timed_longest:
         found = {e["variant"]: e["longest"] for e in result["longest"]}
         for variant in variants if args.timed_longest != "own" else searched:

@@ -1,6 +1,8 @@
 """benchmarks/bench_long_context.py's CPU smoke run: every variant is timed at every length, ours
 reports the bytes it moved, the longest search finds its length through doubling, an out-of-memory
-try (simulated with --cpu-oom-above) and bisection, and the JSON, markdown and PNG are written."""
+try (simulated with --cpu-oom-above) and bisection, and the JSON, markdown and PNG are written.
+--rounds runs the variants in interleaved rounds, odd rounds reversed, and summarises them against a
+baseline; the Liger variants are refused on CPU."""
 import json
 import math
 import subprocess
@@ -45,3 +47,48 @@ def test_bench_long_context_cpu(tmp_path):
     markdown = (tmp_path / "long_context.md").read_text()
     assert "| ours | 48 | exact" in markdown and "| 32 | ours_untiled |" in markdown
     assert (tmp_path / "long_context.png").stat().st_size > 10_000
+
+
+def run_script(*options, out):
+    return subprocess.run([sys.executable, "benchmarks/bench_long_context.py", "--device", "cpu", "--tiny",
+                           *options, "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def test_bench_long_context_rounds_cpu(tmp_path):
+    # Two rounds at 16 (the second in reverse order), one at 32; ratios against ckpt.
+    variants = ["ckpt", "ckpt_chunked", "ours"]
+    run = run_script("--variants", ",".join(variants), "--seqs", "16,32", "--rounds", "2,1", "--baseline", "ckpt",
+                     "--warmup", "1", "--steps", "1", out=tmp_path)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "long_context.json").read_text())
+
+    order = [(r["variant"], r["seq"], r["round"]) for r in result["runs"]]
+    assert order == ([(v, 16, 1) for v in variants] + [(v, 16, 2) for v in reversed(variants)]
+                     + [(v, 32, 1) for v in variants])
+    assert all("error" not in r for r in result["runs"]), result["runs"]
+    assert "chunk_lm_loss" in next(r["how"] for r in result["runs"] if r["variant"] == "ckpt_chunked")
+    assert result["rounds"] == {"16": 2, "32": 1} and result["baseline"] == "ckpt"
+
+    summary = {(r["variant"], r["seq"]): r for r in result["summary"]}
+    assert set(summary) == {(v, s) for v in variants for s in (16, 32)}
+    for (variant, seq), row in summary.items():
+        rounds = 2 if seq == 16 else 1
+        assert row["rounds"] == rounds and len(row["step_s_rounds"]) == rounds and len(row["ratio_rounds"]) == rounds
+        assert row["step_s_min"] <= row["step_s_median"] <= row["step_s_max"]
+        assert 0 < row["ratio_min"] <= row["ratio_median"] <= row["ratio_max"]
+        # Each ratio is this round's tokens/s over the baseline's in the same round.
+        tokens_per_s = {(r["variant"], r["round"]): r["tokens_per_s"] for r in result["runs"] if r["seq"] == seq}
+        expected = [tokens_per_s[(variant, k)] / tokens_per_s[("ckpt", k)] for k in range(1, rounds + 1)]
+        assert row["ratio_rounds"] == expected
+    assert all(summary[("ckpt", s)]["ratio_median"] == 1.0 for s in (16, 32))
+
+    markdown = (tmp_path / "long_context.md").read_text()
+    assert "x ckpt tok/s min / median / max" in markdown and "| 16 | ours | 2 |" in markdown
+    assert "| 16 | ckpt_chunked | 2 |" in markdown  # the per-run table: round 2
+
+
+def test_bench_long_context_liger_refused_on_cpu(tmp_path):
+    run = run_script("--variants", "ckpt,ckpt_liger", out=tmp_path)
+    assert run.returncode == 2
+    assert "ckpt_liger" in run.stderr and "needs CUDA" in run.stderr and "--device cuda" in run.stderr
+    assert not (tmp_path / "long_context.json").exists()
