@@ -65,3 +65,32 @@ def test_applied_before_fully_shard_with_layer_offloading_says_what_to_do():
         with pytest.raises(RuntimeError, match=r"apply offloading after fully_shard \(long_context=True then "
                                                r"leaves layer offloading off"):
             _step(ours, torch.randint(0, 256, (1, 260)))
+
+
+def test_full_fine_tune_with_fsdp2_cpu_offload_policy():
+    """Every parameter trained, FSDP2 keeping the sharded weights, gradients and AdamW's state in host
+    memory (CPUOffloadPolicy) and long_context=True applied after fully_shard: it trains as FSDP2 with
+    the same policy and the model's own checkpointing."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    with single_rank_mesh():
+        reference, ours = tiny_llama(0.0), tiny_llama(0.0)
+        reference.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        for model in (reference, ours):
+            shard(model, offload_policy=CPUOffloadPolicy(pin_memory=False))
+        handle = torch_offload.apply(ours, long_context={"tile_tokens": 100})
+        assert handle.layers is None  # nothing frozen: the weights are FSDP2's to place
+        optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (reference, ours)]
+        ids = torch.randint(0, 256, (1, 260))
+        ref, got = _step(reference, ids), _step(ours, ids)
+        assert len(got[1]) == len(list(ours.parameters()))  # every parameter has its gradient
+        _assert_same_training(ref, got, [""])
+        for optimizer in optimizers:
+            optimizer.step()
+        # After AdamW's step on gradients a few ulps apart, the weights are that close too.
+        (ref_loss, ref_grads), (loss, grads) = _step(reference, ids), _step(ours, ids)
+        assert torch.allclose(loss, ref_loss, rtol=1e-5)
+        for name, grad in grads.items():
+            assert ((grad - ref_grads[name]).norm() / ref_grads[name].norm()).item() < 1e-4, name
+        assert handle.stats()["saves"] > 0 and handle.chunked_loss is not None
+        handle.remove()
