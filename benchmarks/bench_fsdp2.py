@@ -19,8 +19,8 @@ sharded, then materialised: no rank ever holds the whole model). Variants:
   sel_qkv, sel_qkv_link   the same two with policy "attention+qkv+out_proj"
   auto       apply(model, "auto") after fully_shard: the step is timed once auto has chosen (its
              trials, agreed by all ranks, run as warm-up); the choice is recorded
-A step is forward and backward, no optimizer step. Variants run one after another in one process
-leave memory behind (a later variant's peak reads higher): take peaks from one process per variant.
+A step is forward and backward, no optimizer step. Publish peaks from one process per variant: in
+one process, a model that something still refers to adds to every later variant's peak.
 Per rank: median step time, tokens/s, peak allocated / reserved GPU memory over the measured steps,
 bytes moved (manager stats). Per variant against ckpt: tokens/s ratio and peak memory freed over
 the checkpoint-boundary bytes L*S*h*elem of one rank.
@@ -151,22 +151,25 @@ def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> d
             done += 1
         row["warmup_steps"] = done
         row.update(choices(handle))
-        if handle is not None:
-            handle.manager.synchronize()
-            handle.manager.reset_stats()
+        manager = None if handle is None else handle.manager  # None where auto kept torch's checkpointing
+        if manager is not None:
+            manager.synchronize()
+            manager.reset_stats()
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         row.update(timed_steps(step, steps, seq, args.device))
         if handle is not None:
             stats = handle.stats()
-            row["GB_to_host_per_step"] = stats["bytes_to_host"] / steps / GB
-            row["GB_to_device_per_step"] = stats["bytes_to_device"] / steps / GB
+            row["GB_to_host_per_step"] = stats.get("bytes_to_host", 0) / steps / GB
+            row["GB_to_device_per_step"] = stats.get("bytes_to_device", 0) / steps / GB
             row["stats"] = stats
     except torch.OutOfMemoryError:
         row["error"] = "OOM"
     finally:
         if handle is not None:
-            handle.manager.empty_pool()
+            if handle.manager is not None:
+                handle.manager.empty_pool()
+            handle.remove()  # its hooks and wrappers, which refer to the model
         del model, handle
         release_memory(args.device)
     return row

@@ -22,7 +22,9 @@ from .named_policies import SAVES_PER_BLOCK
 PROJECTION_GROUPS = ("qkv", "out_proj", "fc1", "fc2")
 KEEP = "keep_"  # "keep_fc1": the group's products stay on the device (not offloaded, not recomputed)
 _ALIASES = {"attention_qkv": "attention+qkv"}
-_projections = weakref.WeakKeyDictionary()  # block -> {group: its Linear modules}
+# block -> {group: weak references to its Linear modules}. Weak values too: a strong reference to a
+# block's submodule would keep the block, the key, alive, and with it the whole model.
+_projections = weakref.WeakKeyDictionary()
 
 
 def projection_groups(policy):
@@ -69,19 +71,19 @@ def projection_weights(block: nn.Module, groups=("qkv",)) -> tuple:
     found = _projections.setdefault(block, {})
     weights = []
     for group in map(_base_group, groups):
-        modules = found.get(group)
-        if modules is None:
+        modules = [module() for module in found.get(group, ())]
+        if not modules or None in modules:  # not looked up yet, or a module since replaced
             try:
                 names = preset_modules(block, group).include
             except ValueError:  # selects nothing
                 names = []
-            modules = tuple(m for name in names for m in block.get_submodule(name).modules() if isinstance(m, nn.Linear))
+            modules = [m for name in names for m in block.get_submodule(name).modules() if isinstance(m, nn.Linear)]
             if not modules:
                 raise ValueError(f"torch_offload selective policy with {group!r}: {type(block).__name__} has no "
                                  f"Linear modules in module preset {group!r} ({PRESETS[group][0]}); "
                                  "leave the group out of the policy (or use policy='attention')")
-            found[group] = modules
-        weights.extend(m.weight for m in modules)
+            found[group] = tuple(map(weakref.ref, modules))
+        weights.extend(module.weight for module in modules)
     return tuple(weights)
 
 
