@@ -73,19 +73,24 @@ def test_longest_search_doubles_then_bisects_on_4k_steps():
     assert longest_fitting(lambda seq: True, 32768, 4096, 262144) == 262144
 
 
-@pytest.mark.slow
-def test_bench_fsdp2_cpu_smoke(tmp_path):
+def _torchrun(script: str, *options) -> subprocess.CompletedProcess:
+    """A benchmark script on 2 gloo ranks, tiny, on CPU. Once more if a rank aborted at exit: a gloo
+    rank's abort, a torch bug (see gloo_ranks.py) that the scripts avoid by leaving with os._exit;
+    kept as a safety net."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(ROOT / "benchmarks" / "bench_fsdp2.py"), "--device", "cpu", "--tiny", "--seqs", "64",
-               "--warmup", "1", "--steps", "1", "--longest", "--out", str(tmp_path),
-               "--variants", "ckpt,hs_before,hs_after,hs_chunked,all,all_link,sel,sel_link,auto"]
+               str(ROOT / "benchmarks" / script), "--device", "cpu", "--tiny", *options]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
-        # A gloo rank's abort at exit, a torch bug (see gloo_ranks.py); bench_fsdp2.py now leaves
-        # with os._exit, which avoids it. Kept as a safety net: run once more.
-        warnings.warn("bench_fsdp2 smoke: a rank aborted (terminate without an active exception); running again")
+        warnings.warn(f"{script} smoke: a rank aborted (terminate without an active exception); running again")
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.slow
+def test_bench_fsdp2_cpu_smoke(tmp_path):
+    _torchrun("bench_fsdp2.py", "--seqs", "64", "--warmup", "1", "--steps", "1", "--longest", "--out", str(tmp_path),
+              "--variants", "ckpt,hs_before,hs_after,hs_chunked,all,all_link,sel,sel_link,auto")
     result = json.loads((tmp_path / "fsdp2_cpux2_tiny.json").read_text())
     assert [(r["variant"], r["seq"]) for r in result["runs"]] == [
         ("ckpt", 64), ("hs_before", 64), ("hs_after", 64), ("hs_chunked", 64), ("all", 64), ("all_link", 64),
@@ -103,6 +108,56 @@ def test_bench_fsdp2_cpu_smoke(tmp_path):
     assert result["longest"] == {"ckpt": 256, "hs_before": 256, "hs_chunked": 256}
     assert [r["variant"] for r in result["longest_timed"]] == ["ckpt", "hs_before", "hs_chunked"]
     assert (tmp_path / "fsdp2_cpux2_tiny.md").exists()
+
+
+@pytest.mark.slow
+def test_bench_fsdp2_lora_cpu_smoke(tmp_path):
+    """PEFT LoRA built on the meta device and sharded: the model's checkpointing, with the chunked loss,
+    and long_context=True applied after fully_shard (boundaries offloaded, layer offloading off)."""
+    _torchrun("bench_fsdp2.py", "--lora", "--variants", "ckpt,ckpt_chunked,lc_after", "--seqs", "64",
+              "--warmup", "1", "--steps", "1", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "fsdp2_cpux2_tiny.json").read_text())
+    runs = {r["variant"]: r for r in result["runs"]}
+    assert list(runs) == ["ckpt", "ckpt_chunked", "lc_after"]
+    assert all("error" not in r and len(r["per_rank"]) == 2 for r in runs.values()), runs
+    assert runs["lc_after"]["GB_to_host_per_step"] > 0 and runs["ckpt_chunked"]["GB_to_host_per_step"] == 0
+    for row in runs["lc_after"]["per_rank"]:
+        assert "| layer offloading | off | the blocks' parameters are sharded" in row["explain"]
+        assert "| tiled MLP | on |" in row["explain"]
+    assert all(r["optimizer"] == "none" and r["host_rss_peak_GB"] > 0 for r in runs.values())
+
+
+@pytest.mark.slow
+def test_bench_fsdp2_cpu_offload_adamw_cpu_smoke(tmp_path):
+    """Every parameter trained under FSDP2's CPUOffloadPolicy with AdamW's step, against
+    long_context=True applied after fully_shard; the host bytes per part and the host memory recorded."""
+    _torchrun("bench_fsdp2.py", "--cpu-offload", "--optimizer", "adamw", "--variants", "ckpt,lc_after",
+              "--seqs", "64", "--warmup", "1", "--steps", "1", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "fsdp2_cpux2_tiny.json").read_text())
+    runs = {r["variant"]: r for r in result["runs"]}
+    assert list(runs) == ["ckpt", "lc_after"]
+    assert all("error" not in r and len(r["per_rank"]) == 2 for r in runs.values()), runs
+    assert runs["lc_after"]["GB_to_host_per_step"] > 0
+    assert all(r["optimizer"] == "adamw" and row["optimizer_steps"] == 2
+               for r in runs.values() for row in r["per_rank"])
+    parts = runs["lc_after"]["host_parts_GB"]
+    assert parts["adamw_moments"] == pytest.approx(2 * parts["gradients"]) and parts["boundaries"] > 0
+    assert parts["gradients"] == pytest.approx(parts["weights"])  # every parameter trains, fp32
+    assert "boundaries" not in runs["ckpt"]["host_parts_GB"]
+    for row in runs["lc_after"]["per_rank"]:
+        assert row["host_available_before_GB"] > 0 and row["host_available_after_GB"] > 0
+    assert "Host bytes per part" in (tmp_path / "fsdp2_cpux2_tiny.md").read_text()
+
+
+@pytest.mark.slow
+def test_fsdp2_gradients_lora_cpu(tmp_path):
+    """fp32: under LoRA the chunked loss and long_context=True (tiles and chunks of 24 tokens, so 64
+    tokens per rank take several) give gradients within rtol 1e-5 of checkpointing."""
+    _torchrun("fsdp2_gradients.py", "--lora", "--variants", "ckpt_chunked,lc_after", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "fsdp2_gradients_cpux2.json").read_text())
+    checks = {c["variant"]: c for c in result["checks"]}
+    assert list(checks) == ["ckpt_chunked", "lc_after"]
+    assert all(c["ok"] and c["lora"] and c["requirement"] == "rtol 1e-5, atol 1e-6" for c in checks.values()), checks
 
 
 @pytest.mark.slow
