@@ -28,7 +28,7 @@ from ..copy_and_pickle import NotPicklable
 from ..handle import OffloadHandle
 from ..install import installer_for
 from ..modes.first_restores import prefetch_first_restores
-from ..modes.selective import block_checkpoint
+from ..modes.selective import block_checkpoint, scope_blocks
 from .unwrapping import unwrap
 
 CALL = "torch_offload.integrations.gradient_checkpointing_enable"
@@ -105,7 +105,7 @@ class CheckpointFunction(NotPicklable):
         return self.checkpoint_function(function, *args, **{**self.keywords, **kwargs})
 
     def __repr__(self):
-        shown = {k: v for k, v in self.keywords.items() if k not in ("manager", "block")}
+        shown = {k: v for k, v in self.keywords.items() if k not in ("manager", "block", "scoping")}
         return f"torch_offload.{self.checkpoint_function.__name__}(**{shown})"
 
 
@@ -361,6 +361,9 @@ def _install(model, opts, manager, previous, was_on, call, where) -> HFCheckpoin
         raise error.naming(call) from None
     _checkpoint_functions(model, lambda module, current: functions.get(id(module), functions[None]))
     handle = HFCheckpointingHandle(model, OffloadConfig(opts), manager, layers, keywords, previous, was_on, call)
+    if isinstance(opts, SelectiveOptions):
+        for layer, scoping in zip(layers, scope_blocks(handle, layers, opts.policies_for(layers))):
+            functions[id(layer)].keywords["scoping"] = scoping
     handle.disable_kv_cache(call)
     prefetch_first_restores(handle)  # the last layer's input comes back during the LM head's backward
     return handle

@@ -16,7 +16,7 @@ from ..blocks import ForwardWrapper
 from ..checkpointing.checkpoint import checkpoint
 from ..checkpointing.reentrant import reentrant_checkpoint
 from ..hooks.link_budget import PolicyLinkBudget
-from ..policies.interception import attention_offload_contexts
+from ..policies.interception import attention_offload_contexts, scope_block
 from ..policies.named_policies import SAVES_PER_BLOCK
 from ..policies.per_op import selective_offload_contexts
 from ..policies.projections import is_fast_policy, projection_groups, projection_weights, saves_per_block, split_kept
@@ -28,7 +28,7 @@ _TORCH_KEYWORDS = ("preserve_rng_state", "determinism_check", "debug", "early_st
 
 
 def selective_checkpoint(function, *args, policy="attention", manager=None, min_bytes=SELECTIVE_MIN_BYTES,
-                         block=None, use_reentrant=False, kept_bytes=None, **kwargs):
+                         block=None, use_reentrant=False, kept_bytes=None, scoping=None, **kwargs):
     """torch_offload.checkpoint (the first tensor input offloaded, the block recomputed in backward)
     with a selective offload policy inside the block; other keywords as in torch_offload.checkpoint.
 
@@ -38,7 +38,9 @@ def selective_checkpoint(function, *args, policy="attention", manager=None, min_
     the per-op path (dispatch modes). min_bytes: smaller outputs stay on the device.
     use_reentrant=True: the reentrant variant (cheaper on the host, gradients through .backward()
     only), for the named policies. kept_bytes: a KeptBytes that counts the products "keep_<group>"
-    groups keep on the device (mode "auto" reads it)."""
+    groups keep on the device (mode "auto" reads it). scoping: the block's
+    policies.interception.BlockScoping (apply() makes one per block), for the calls of the block's
+    attention modules to be intercepted without the rest of its calls passing through Python."""
     if "context_fn" in kwargs:
         raise ValueError("torch_offload.selective_checkpoint: pass policy=, not context_fn=")
     manager = manager if manager is not None else default_manager()
@@ -60,7 +62,8 @@ def selective_checkpoint(function, *args, policy="attention", manager=None, min_
             kept_weights = projection_weights(block, kept_groups)
         store = OffloadStore(manager, min_bytes, finish_at_end=True)
         context_fn = functools.partial(attention_offload_contexts, store, weights,
-                                       KeptStore(manager, kept_bytes) if kept_weights else None, kept_weights)
+                                       KeptStore(manager, kept_bytes) if kept_weights else None, kept_weights,
+                                       scoping)
     else:
         store = None  # made per call by selective_offload_contexts
         context_fn = functools.partial(selective_offload_contexts, policy, manager, min_bytes)
@@ -129,6 +132,7 @@ class SelectiveForward(ForwardWrapper):
         self.kept_bytes = kept_bytes
         self.checkpoint = block_checkpoint(manager, fit_prefetch_depth)
         self.link, self.index = None, 0
+        self.scoping = None  # set by Selective.after_wrapping for a named policy
 
     def __call__(self, *args, **kwargs):
         if not self.training_with_grad():
@@ -140,7 +144,7 @@ class SelectiveForward(ForwardWrapper):
                 return checkpoint(self.run, *args, manager=self.manager, use_reentrant=self.use_reentrant, **kwargs)
         return self.checkpoint(self.run, *args, policy=self.policy, manager=self.manager,
                                min_bytes=self.min_bytes, block=self.block, use_reentrant=self.use_reentrant,
-                               kept_bytes=self.kept_bytes, **kwargs)
+                               kept_bytes=self.kept_bytes, scoping=self.scoping, **kwargs)
 
 
 def block_prefetch_depth(blocks, policies) -> int:
@@ -150,6 +154,17 @@ def block_prefetch_depth(blocks, policies) -> int:
     where a block makes more (FirstForwardDepth)."""
     return max(saves_per_block(policy, block) if is_fast_policy(policy) else SAVES_PER_BLOCK
                for block, policy in zip(blocks, policies))
+
+
+def scope_blocks(handle, blocks, policies) -> list:
+    """Each block's policies.interception.BlockScoping under its policy (None for a policy function or
+    a block without an attention module the presets find); handle.remove() takes their hooks off."""
+    scopings = []
+    for block, policy in zip(blocks, policies):
+        scoping, hooks = scope_block(block, projection_groups(policy)) if is_fast_policy(policy) else (None, ())
+        handle.on_remove(*hooks)
+        scopings.append(scoping)
+    return scopings
 
 
 class Selective(CheckpointInstaller):
@@ -168,6 +183,9 @@ class Selective(CheckpointInstaller):
                 for block, policy in zip(blocks, options.policies_for(blocks))]
 
     def after_wrapping(self, handle, wrappers, options) -> None:
+        scopings = scope_blocks(handle, [w.block for w in wrappers], [w.policy for w in wrappers])
+        for wrapper, scoping in zip(wrappers, scopings):
+            wrapper.scoping = scoping
         if options.link_throttle:
             budget = PolicyLinkBudget(handle.manager, len(wrappers))
             for index, wrapper in enumerate(wrappers):
