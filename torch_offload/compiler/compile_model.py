@@ -101,7 +101,7 @@ def _from_config(mode, policy, min_bytes):
     the mode's name with policy= and min_bytes= as given."""
     options = mode.activations if isinstance(mode, OffloadConfig) else mode
     if isinstance(mode, OffloadConfig):
-        parts = [name for name in ("layer_offloading", "chunked_loss", "tiling", "long_context") if getattr(mode, name)]
+        parts = mode.parts_on()
         if parts:
             raise TypeError(f"torch_offload.compile: the config turns on {', '.join(parts)}, which compiled graphs do "
                             "not take; apply() takes them in eager mode")

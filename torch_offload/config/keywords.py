@@ -7,12 +7,12 @@ import difflib
 from typing import Dict
 
 from .errors import OptionError
-from .offload_config import OffloadConfig
+from .offload_config import PARTS, OffloadConfig
 from .mode_options import ManagerOptions, canonical_mode, mode_names, options_taken_by, options_type
 
 # apply()'s own keywords besides the mode's options.
-APPLY_KEYWORDS = ("mode", "blocks", "manager", "layer_offloading", "chunked_loss", "tiling", "long_context")
-PART_KEYWORDS = ("layer_offloading", "chunked_loss", "tiling", "long_context")
+PART_KEYWORDS = tuple(PARTS)
+APPLY_KEYWORDS = ("mode", "blocks", "manager", *PART_KEYWORDS)
 # Why a keyword a user may write is not an option, or what they may have meant; a mode adds its own.
 HINTS = {
     "layers": "the blocks to wrap are blocks=[...]; frozen-weight offloading is layer_offloading=True",

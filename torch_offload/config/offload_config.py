@@ -16,6 +16,11 @@ from .parts import ChunkedLossOptions, LayerOffloadingOptions, LongContextOption
 Part = Union[None, bool, dict, int]
 
 
+# The parts beside the activation mode: each field of OffloadConfig and the options class it holds.
+PARTS = {"layer_offloading": LayerOffloadingOptions, "chunked_loss": ChunkedLossOptions, "tiling": TilingOptions,
+         "long_context": LongContextOptions}
+
+
 @dataclasses.dataclass(frozen=True)
 class OffloadConfig:
     """What apply() turns on.
@@ -48,9 +53,12 @@ class OffloadConfig:
             raise OptionTypeError(f"activations={activations!r}; expected a mode's options ({names}), a mode's name "
                                   "or None")
         object.__setattr__(self, "activations", activations)
-        for name, part in (("layer_offloading", LayerOffloadingOptions), ("chunked_loss", ChunkedLossOptions),
-                           ("tiling", TilingOptions), ("long_context", LongContextOptions)):
+        for name, part in PARTS.items():
             object.__setattr__(self, name, part.from_value(getattr(self, name)))
+
+    def parts_on(self) -> list:
+        """The names of the parts this config turns on (given, not left to long_context)."""
+        return [name for name in PARTS if getattr(self, name)]
 
     @property
     def mode_name(self) -> Optional[str]:

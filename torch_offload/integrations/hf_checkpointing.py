@@ -163,7 +163,7 @@ def check_options(mode, options: dict, call: str, manager=None, hints: Optional[
     if isinstance(mode, OffloadConfig) or type(mode) in MODE_OPTIONS:
         given = mode.activations if isinstance(mode, OffloadConfig) else mode
         if isinstance(mode, OffloadConfig):
-            parts = [name for name in ("layer_offloading", "chunked_loss", "tiling", "long_context") if getattr(mode, name)]
+            parts = mode.parts_on()
             if parts:
                 raise TypeError(f"{call}: the config turns on {', '.join(parts)}, which the model's gradient "
                                 "checkpointing does not run; torch_offload.apply(model, config) does")
