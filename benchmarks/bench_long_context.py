@@ -14,13 +14,15 @@ try of the search, with the device memory checked back to ~0 first. Variants (--
                 on the model instance with only fused_linear_cross_entropy on): the strongest baseline
                 a long-context user runs; only the loss differs from ckpt
   ckpt_chunked  the same with torch_offload's chunked loss alone (chunk_lm_loss, no offloading): the
-                loss ours uses
+                loss ours uses (its gradients computed in the forward)
   hf_offload    ckpt with transformers' offload=True (save_on_cpu around each checkpoint)
   hf_offload_liger  hf_offload with Liger's fused linear cross entropy
   ours          torch_offload.apply(model, "hidden_states", long_context=True): layer inputs in host
                 memory (disk past the host budget), chunked loss, tiled MLP, frozen base offloaded
   ours_weights_on_gpu  the same with layer_offloading=False: the frozen base stays on the GPU
   ours_untiled  torch_offload.apply(model, "hidden_states", chunked_loss=True): no tiled MLP
+  ours_loss_grads_in_backward  ours with chunked_loss={"grads_in_forward": False}: the loss's
+                gradients in backward, the LM head's product computed a second time there
 
 --longest: per variant (--longest-variants), the longest S that trains one step: doubling from
 --longest-start, then bisection on multiples of --longest-step, up to --longest-max; an
@@ -75,7 +77,7 @@ from benchmarks.common import (GB, LLAMA3_8B, add_run_args, build_llama, finish_
                                longest_fitting, new_result, output_dir, release_memory, table, timed_steps)
 
 VARIANTS = ("ckpt", "ckpt_liger", "ckpt_chunked", "hf_offload", "hf_offload_liger", "ours", "ours_weights_on_gpu",
-            "ours_untiled")
+            "ours_untiled", "ours_loss_grads_in_backward")
 CHECKPOINTED = ("ckpt", "ckpt_liger", "ckpt_chunked", "hf_offload", "hf_offload_liger")  # transformers' checkpointing
 LIGER_VARIANTS = ("ckpt_liger", "hf_offload_liger")
 FULL_LOGITS = ("ckpt", "hf_offload")  # the others' loss never materialises the logits of the whole sequence
@@ -122,6 +124,8 @@ def enable(model, variant: str, **ours_options):
         return enable_ours(model, **ours_options)
     if variant == "ours_weights_on_gpu":
         return enable_ours(model, layer_offloading=False, **ours_options)
+    if variant == "ours_loss_grads_in_backward":
+        return enable_ours(model, chunked_loss={"grads_in_forward": False}, **ours_options)
     raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
 
 

@@ -104,7 +104,7 @@ def _chunked_loss(given, model, notes: List[Note]):
         notes.append(Note("chunked loss", "off", f"not a causal LM whose loss can be chunked: {error}"))
         return False
     notes.append(Note("chunked loss", "on", f"the loss over chunks of {options.chunk_tokens} tokens: no logits of "
-                      "the whole sequence"))
+                      "the whole sequence; its gradients computed in the forward (the LM head's product once)"))
     return options
 
 

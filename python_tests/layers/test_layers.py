@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torch_offload
-from python_tests.support.devices import DEVICES
+from python_tests.support.devices import DEVICES, cuda_only
 from python_tests.support.gloo_ranks import single_rank_mesh
 from python_tests.support.grads import assert_same_grads
 from python_tests.support.llama import _freeze_layer_weights, _llama_step, _steps_match_plain, _tiny_llama
@@ -107,6 +107,23 @@ def test_no_weight_copy_outlives_its_use(device, mode):
         # Forward: each layer was prefetched by the one before (the first by nobody); backward:
         # the last layer was prefetched at the end of forward, each next one by the one after it.
         assert stats["prefetch_hits"] >= 2 * len(handle.layers[0].weights) * (len(handle.layers) - 1)
+
+
+@cuda_only
+def test_every_restore_of_a_training_step_is_prefetched():
+    # Forward: the first layer by the last backward's recompute of it, each other by the one
+    # before; backward: the last layer by the end of forward, each other by the one after it. So
+    # from the second step on no restore waits for a copy it started itself.
+    model = _frozen_base_llama("cuda")
+    handle = torch_offload.apply(model, "hidden_states", layer_offloading=True).layers
+    ids = torch.randint(0, 256, IDS_SHAPE, device="cuda")
+    model(input_ids=ids, labels=ids).loss.backward()
+    handle.manager.synchronize()
+    handle.manager.reset_stats()
+    model(input_ids=ids, labels=ids).loss.backward()
+    stats = handle.stats()
+    assert stats["restores"] == 2 * sum(len(layer.weights) for layer in handle.layers)
+    assert stats["prefetch_hits"] == stats["restores"]
 
 
 def _assert_same_state(ours, plain):

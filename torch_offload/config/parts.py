@@ -59,11 +59,13 @@ class ChunkedLossOptions:
     tokens without materialising the logits (chunk_lm_loss).
 
     chunk_tokens: tokens per chunk.
-    grads_in_forward: the loss's gradients are computed in the forward (one backward per forward).
+    grads_in_forward: the loss's gradients are computed in the forward, as a fused linear
+        cross-entropy computes them: the LM head's product over every token runs once, not again in
+        backward. One backward per forward; False for retain_graph or a second backward.
     """
 
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
-    grads_in_forward: bool = False
+    grads_in_forward: bool = True
 
     def __post_init__(self):
         check_int("chunk_tokens", self.chunk_tokens, 1)

@@ -224,7 +224,9 @@ class _WeightsOnDevice(ForwardWrapper):
         layer.check()
         offloader = layer.offloader
         installed = []  # (device copy, its version when installed)
-        # Backward starts with the last layer again: it prefetches itself.
+        # Backward starts with the last layer again: its forward prefetches it. The next forward
+        # starts with the first layer: its recompute, the last of backward, prefetches it, so that
+        # no step starts by waiting for the first layer's weights.
         prefetch_self = False
         try:
             for w in layer.weights:
@@ -234,6 +236,9 @@ class _WeightsOnDevice(ForwardWrapper):
                 installed.append((device_copy, device_copy._version))
             if torch._C._current_graph_task_id() != -1:  # a recompute in backward: going down
                 offloader.prefetch_layer(layer.index - 1)
+                prefetch_self = layer.index == 0
+                if prefetch_self:
+                    layer.prefetch()
             else:
                 offloader.prefetch_layer(layer.index + 1)
                 prefetch_self = layer.index == len(offloader.layers) - 1 and torch.is_grad_enabled()

@@ -6,14 +6,17 @@ upcast inside the loss, log-softmax's saved output and the gradients (Llama-3-8B
 of bf16 logits alone). Here each chunk's logits are computed, reduced to a summed loss and dropped in
 the forward; the backward computes them again chunk by chunk and turns each into the chunk's
 gradient of the hidden states and its contribution to the weight's gradient. Live at once: one
-chunk's logits, upcast and gradients (about 16 bytes x chunk_tokens x vocab).
+chunk's logits, their gradient written over them on CUDA (2 bytes x chunk_tokens x vocab in bf16);
+elsewhere also their upcast and its gradients (about 16 bytes x chunk_tokens x vocab).
 
-Per chunk the same kernels as the unchunked loss run (F.linear, .float(), F.cross_entropy and their
-backward), so each token's loss and each hidden-state gradient row are what Hugging Face's loss gives
-as long as the matrix products give the same rows for a chunk as for the whole sequence. What
-differs is summation order: the loss is a sum of chunk sums, and the weight's gradient a sum of
-per-chunk products (accumulated in the weight's dtype, one rounding per chunk) instead of one product
-over every token. In fp32 the results are equal to about 1e-6 relative, not bit for bit.
+Off CUDA, per chunk the same kernels as the unchunked loss run (F.linear, .float(), F.cross_entropy
+and their backward), so each token's loss and each hidden-state gradient row are what Hugging Face's
+loss gives as long as the matrix products give the same rows for a chunk as for the whole sequence.
+On CUDA one kernel computes a chunk's loss and its logits' gradient (cross_entropy_grad.py: the
+logits read twice, no float32 copy), equal to those kernels' results to float32 rounding. What
+differs as well is summation order: the loss is a sum of chunk sums, and the weight's gradient a sum
+of per-chunk products (accumulated in the weight's dtype, one rounding per chunk) instead of one
+product over every token. In fp32 the results are equal to about 1e-6 relative, not bit for bit.
 
 grads_in_forward=True: each chunk's gradients are computed in the forward, right after its loss,
 for an upstream gradient of 1 on the returned loss (the logits are computed once, not again in
@@ -32,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .._library.dtensors import is_dtensor
+from .cross_entropy_grad import cross_entropy_grad_
 
 DEFAULT_CHUNK_TOKENS = 2048
 
@@ -116,14 +120,12 @@ def _chunked_grads(hidden, weight, bias, targets, chunk_tokens, ignore_index, gr
     for start in range(0, hidden.shape[0], chunk_tokens):
         end = start + chunk_tokens
         chunk = hidden[start:end]
-        # The gradient of the logits through autograd (the upcast and cross-entropy kernels of
-        # the unchunked loss); the LM head's two products by hand, into the running results.
-        with torch.enable_grad():
-            logits = F.linear(chunk, weight, bias).detach().requires_grad_()
-            loss = F.cross_entropy(logits.float(), targets[start:end], ignore_index=ignore_index, reduction="sum")
-            (grad_logits,) = torch.autograd.grad(loss, logits, grad_total)
+        # The loss and the logits' gradient (cross_entropy_grad.py); the LM head's two products by
+        # hand, into the running results.
+        loss, grad_logits = cross_entropy_grad_(F.linear(chunk, weight, bias), targets[start:end], ignore_index,
+                                                grad_total)
         if total is not None:
-            total += loss.detach()
+            total += loss
         if need_hidden:
             torch.mm(grad_logits, weight, out=grad_hidden[start:end])
         if need_weight:
@@ -134,7 +136,7 @@ def _chunked_grads(hidden, weight, bias, targets, chunk_tokens, ignore_index, gr
         if need_bias:
             part = grad_logits.sum(0)
             grad_bias = part if grad_bias is None else grad_bias.add_(part)
-        del logits, loss, grad_logits
+        del loss, grad_logits
     return grad_hidden, grad_weight, grad_bias
 
 

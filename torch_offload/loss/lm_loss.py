@@ -59,7 +59,7 @@ class _ModelForward(ForwardWrapper):
 class _HeadForward(ForwardWrapper):
     """The LM head's forward: during a call with labels, the chunked loss instead of the logits."""
 
-    def __init__(self, head: nn.Module, pending: _Pending, chunk_tokens: int, grads_in_forward: bool = False):
+    def __init__(self, head: nn.Module, pending: _Pending, chunk_tokens: int, grads_in_forward: bool):
         super().__init__(head)
         self.pending, self.chunk_tokens, self.grads_in_forward = pending, chunk_tokens, grads_in_forward
 
@@ -99,7 +99,7 @@ class ChunkedLossHandle(UndoStack):
 
     _pickled_what = "its ChunkedLossHandle"
 
-    def __init__(self, model: nn.Module, head: nn.Module, chunk_tokens: int, grads_in_forward: bool = False):
+    def __init__(self, model: nn.Module, head: nn.Module, chunk_tokens: int, grads_in_forward: bool):
         super().__init__()
         self.model, self.head, self.chunk_tokens = model, head, chunk_tokens
         self.grads_in_forward = grads_in_forward
@@ -146,7 +146,7 @@ def _not_causal_lm(model: nn.Module):
 
 
 def chunked_lm_loss_target(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                           grads_in_forward: bool = False):
+                           grads_in_forward: bool = True):
     """(the Hugging Face causal LM whose loss chunk_lm_loss chunks, its LM head), after checking that
     it can: raises TypeError / ValueError saying why not. Changes nothing."""
     model = _causal_lm(model)
@@ -177,7 +177,7 @@ def chunked_lm_loss_target(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_T
 
 
 def chunk_lm_loss(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, *,
-                  grads_in_forward: bool = False) -> ChunkedLossHandle:
+                  grads_in_forward: bool = True) -> ChunkedLossHandle:
     """Makes a Hugging Face causal LM compute its training loss chunk_tokens tokens at a time
     (chunked_causal_lm_loss): called with `labels` in training mode with grad enabled, it returns the
     same loss (fp32 mean cross-entropy over the shifted labels that are not ignore_index, or divided
@@ -185,7 +185,8 @@ def chunk_lm_loss(model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, *,
     unchanged. Works before or after FSDP2's fully_shard, and on a PEFT model as users hold it (its base
     model's loss is chunked). Returns a handle; remove() undoes it. A model whose own loss is not the
     causal LM's (a masked LM, an encoder-decoder model) is a TypeError saying why (_not_causal_lm).
-    grads_in_forward=True: the loss's gradients are computed in the forward (no second pass over the
-    logits in backward; one backward per forward): see chunked_loss.py."""
+    grads_in_forward (default): the loss's gradients are computed in the forward, as a fused linear
+    cross-entropy does (no second pass over the logits in backward); one backward per forward, so
+    False for retain_graph or a second backward: see chunked_loss.py."""
     model, head = chunked_lm_loss_target(model, chunk_tokens, grads_in_forward)
     return ChunkedLossHandle(model, head, chunk_tokens, grads_in_forward)
