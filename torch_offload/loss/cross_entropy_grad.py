@@ -28,11 +28,11 @@ try:
 except ImportError:  # a CPU build of torch: the autograd path
     triton = None
 
-# Elements of a row each step of the kernel's loops reads, and the warps that read them: large
-# blocks keep the loads wide; 32 warps give each thread 16 values at this block (the vocabulary of
-# current LMs is 32K-256K).
-BLOCK = 16384
-WARPS = 32
+# Elements of a row each step of the kernel's loops reads, and the warps that read them: 16 values
+# per thread. At 2048 tokens of a 128256 vocabulary on an H200 the kernel takes 0.35 ms; 16384
+# elements with 32 warps took 0.64 ms, other sizes from 4096 to 32768 within 0.08 ms of the fastest.
+BLOCK = 4096
+WARPS = 8
 
 
 def cross_entropy_grad_(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int,
