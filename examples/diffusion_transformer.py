@@ -2,7 +2,7 @@
 """Activation offloading over the blocks of a video diffusion transformer: total memory and speed.
 
 A Wan-style video DiT (diffusers' WanTransformer3DModel, random init) trains one step at a time with
-a flow-matching loss (MSE between the predicted and the true velocity, noise - latents), four ways,
+a flow-matching loss (MSE between the predicted and the true velocity, noise - latents), five ways,
 each on a fresh model loaded with the same weights and fed the same data:
 
   none            plain training: every activation stays in device memory
@@ -12,6 +12,10 @@ each on a fresh model loaded with the same weights and fed the same data:
                   checkpointing, each block's input in pinned host memory until backward
   selective       torch_offload.apply(model, "selective", blocks=list(model.blocks)): hidden_states,
                   and the fused attention outputs of each block offloaded instead of recomputed
+  torch_sac       torch's selective checkpointing of every block keeping the same attention outputs
+                  on the GPU instead (diffusers' enable_gradient_checkpointing with a checkpoint whose
+                  context_fn is create_selective_checkpoint_contexts(torch_offload.policies.
+                  attention_save)): what selective skips of the recompute, with no copy at all
 
 On a GPU (bf16): the shape of Wan2.1 T2V 1.3B (30 blocks, dim 1536, 12 heads, FFN 8960, 512 text
 tokens of dim 4096) on the latents of 25 frames of 480x832 video (16 x 7 x 60 x 104, 10920 tokens).
@@ -36,6 +40,7 @@ Needs diffusers (pip install diffusers==0.42.1); matplotlib for the PNG (optiona
 """
 import argparse
 import datetime
+import functools
 import gc
 import json
 import math
@@ -48,6 +53,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 try:
     import torch_offload
@@ -70,7 +76,7 @@ GPU_SIZE = dict(layers=30, heads=12, head_dim=128, ffn=8960, text_dim=4096, freq
 # (64 KiB), so the CPU run offloads the attention outputs too.
 CPU_SIZE = dict(layers=2, heads=4, head_dim=32, ffn=256, text_dim=32, freq_dim=32, channels=4,
                 frames=4, height=16, width=16, text_tokens=16, batch=1, warmup=1, steps=3, lr=1e-3)
-VARIANTS = ("none", "checkpointing", "hidden_states", "selective")
+VARIANTS = ("none", "checkpointing", "hidden_states", "selective", "torch_sac")
 REFERENCE = "checkpointing"  # runs first: its step-1 gradients are what the others are compared with
 # GPU tolerances (bf16; see the docstring). A wrong restored tensor changes a block's gradients, and
 # through its input gradient every earlier block's, by far more than this.
@@ -183,6 +189,8 @@ def enable(variant, model, prefetch_depth=None):
     blocks = list(model.blocks)  # WanTransformerBlock: called with (hidden_states, text, temb, rotary)
     if variant == "checkpointing":
         model.enable_gradient_checkpointing()
+    elif variant == "torch_sac":
+        model.enable_gradient_checkpointing(selective_checkpoint)
     elif variant == "hidden_states":
         return torch_offload.apply(model, "hidden_states", blocks=blocks)
     elif variant == "selective":
@@ -191,6 +199,13 @@ def enable(variant, model, prefetch_depth=None):
         options = {} if prefetch_depth is None else {"prefetch_depth": prefetch_depth}
         return torch_offload.apply(model, "selective", blocks=blocks, policy="attention", **options)
     return None
+
+
+def selective_checkpoint(module, *args):
+    """diffusers' checkpoint of a block, with torch's selective checkpointing saving the fused
+    attention outputs (the ops torch_offload's "attention" policy names) instead of recomputing them."""
+    context_fn = functools.partial(create_selective_checkpoint_contexts, torch_offload.policies.attention_save)
+    return checkpoint(module.__call__, *args, use_reentrant=False, context_fn=context_fn)
 
 
 def record_timeline(step, device):

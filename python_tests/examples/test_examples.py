@@ -45,7 +45,7 @@ def test_diffusion_transformer_example(tmp_path):
     assert "memory is not measured on CPU" in run.stdout, run.stdout
     record = json.loads((tmp_path / "diffusion_transformer.json").read_text())
     variants = record["variants"]
-    assert set(variants) == {"none", "checkpointing", "hidden_states", "selective"}, variants.keys()
+    assert set(variants) == {"none", "checkpointing", "hidden_states", "selective", "torch_sac"}, variants.keys()
     reference = variants["checkpointing"]["losses"]
     assert len(reference) == 4 and all(math.isfinite(x) for x in reference), reference
     for name, row in variants.items():
