@@ -21,6 +21,22 @@ def test_the_first_blocks_offload_what_the_link_carries_after_the_block_inputs()
     assert policy_blocks_within(1e9, 2e9, 0.0, blocks=8) == 8  # the policy offloads nothing
 
 
+
+def test_the_count_comes_from_a_forward_that_offloads_no_policy_output():
+    # Forward 1: 8 blocks offload 1 GB of inputs and 3 GB of policy outputs each, and the host stalls
+    # for most of its 2 s: not a measure of the compute. Forward 2 (the probe) offloads the inputs
+    # alone in 1.2 s without a stall: at 10 GB/s the link carries 12 GB, 12/1.1 - 1 = 9.9 GB
+    # after the inputs, 3 whole blocks' policy outputs.
+    budget = link_budget.PolicyLinkBudget(manager=None, blocks=8)
+    budget._counted = (1e9, 8)
+    assert budget.decide(1e9 + 8 * 3e9, 2.0, 1.7, bandwidth=10e9) == 0  # the probe comes next
+    assert budget.policy_bytes_per_block == 3e9 and not budget.decided
+    budget._counted = (1e9, 0)
+    assert budget.decide(1e9, 1.2, 0.0, bandwidth=10e9) == 3 and budget.decided
+    budget._counted = (1e9, 3)
+    assert budget.decide(1e9 + 3 * 3e9, 5.0, 0.0, bandwidth=1e15) == 3  # decided: kept
+    assert link_budget.DECISIONS == 2  # measured forwards before the count is kept (bench_fsdp2 waits for it)
+
 def test_the_throttle_is_off_unless_asked_for():
     model = _tiny_llama("cpu", 0.0)
     handle = torch_offload.apply(model, "selective")

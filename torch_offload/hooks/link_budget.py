@@ -19,7 +19,11 @@ Nothing happens on CPU or in eval / no-grad forwards. Two budgets:
 - PolicyLinkBudget, link_throttle (mode "selective"): the block inputs cross the link in any case;
   of the op outputs the policy offloads, only as many blocks' as the rest of the link carries are
   offloaded, the first blocks'; the last blocks recompute theirs, as in "hidden_states" (memory as
-  checkpointing's, time of a recompute instead of a wait). All ranks agree on the count.
+  checkpointing's, time of a recompute instead of a wait). All ranks agree on the count. Its T comes
+  from a forward in which no block offloads its policy's outputs: what a forward offloads changes
+  none of its compute, and with the block inputs alone the link keeps up, so that forward's time is
+  the compute's. (The host's stall is not the GPU's: with the link overloaded the host blocks while
+  the GPU still computes what it queued, so T less that stall underestimates the compute.)
 """
 import torch
 from torch import nn
@@ -27,7 +31,7 @@ from torch import nn
 from .node_link import agree, link_bandwidth
 
 MARGIN = 1.1
-DECISIONS = 3  # PolicyLinkBudget decides at this many steps, then keeps its count
+DECISIONS = 2  # PolicyLinkBudget has decided after this many measured forwards, then keeps its count
 
 
 def window_for(forward_bytes: float, forward_s: float, stalled_s: float, bandwidth: float) -> int:
@@ -123,14 +127,16 @@ class LinkBudget(ForwardLink):
 
 class PolicyLinkBudget(ForwardLink):
     """link_throttle: how many of `blocks` blocks, the first in forward order, offload their policy's
-    outputs (`policy_blocks`, all at first). The blocks' wrappers report each training call
-    (count_block); the count is decided from the first DECISIONS measured forwards, agreed by all
-    ranks (the smallest), then kept."""
+    outputs (`policy_blocks`). The blocks' wrappers report each training call (count_block). Decided
+    from two measured forwards, then kept: the first, every block offloading its policy's outputs,
+    gives their bytes per block; the second, none offloading them (the probe), the forward's compute
+    time; the count is then agreed by all ranks (the smallest)."""
 
     def __init__(self, manager, blocks: int):
         super().__init__(manager)
         self.blocks = self.policy_blocks = blocks
-        self.policy_bytes_per_block = None  # from the last forward in which some block offloaded its policy's
+        self.policy_bytes_per_block = None  # from the first measured forward in which a block offloaded its policy's
+        self.decided = False
         self._boundary_bytes = 0  # block inputs offloaded in the forward being measured
         self._policy_calls = 0  # blocks that offloaded their policy's outputs in it
         self._counted = (0, 0)  # the two above, for the last measured forward
@@ -154,15 +160,18 @@ class PolicyLinkBudget(ForwardLink):
         super()._after(module, args, output)
 
     def decide(self, saved, seconds, stalled, bandwidth):
-        if len(self.history) >= DECISIONS:
+        if self.decided:
             return self.policy_blocks
         boundary, calls = self._counted
-        if calls:
-            self.policy_bytes_per_block = max(0.0, saved - boundary) / calls
-        if self.policy_bytes_per_block is not None:
-            within = policy_blocks_within(bandwidth * max(0.0, seconds - stalled), boundary,
-                                          self.policy_bytes_per_block, self.blocks)
-            self.policy_blocks = int(agree([within], "min")[0])
+        if self.policy_bytes_per_block is None:
+            if calls:  # every rank runs the same blocks: all take this branch at the same step
+                self.policy_bytes_per_block = max(0.0, saved - boundary) / calls
+                self.policy_blocks = 0  # the probe: the next forward offloads the block inputs alone
+            return self.policy_blocks
+        within = policy_blocks_within(bandwidth * max(0.0, seconds - stalled), boundary,
+                                      self.policy_bytes_per_block, self.blocks)
+        self.policy_blocks = int(agree([within], "min")[0])
+        self.decided = True
         return self.policy_blocks
 
 
