@@ -63,8 +63,11 @@ def _fused_cross_entropy_grad_(logits, targets, ignore_index, grad_total):
     losses = torch.empty(tokens, dtype=torch.float32, device=logits.device)
     scale = grad_total.detach().to(device=logits.device, dtype=torch.float32).reshape(1)
     if tokens:
-        _cross_entropy_grad_kernel[(tokens,)](logits, logits.stride(0), targets, losses, scale, vocab, ignore_index,
-                                              BLOCK=min(BLOCK, triton.next_power_of_2(vocab)), num_warps=WARPS)
+        # Triton launches on the current device and its current stream: make them the logits'.
+        with torch.cuda.device(logits.device):
+            _cross_entropy_grad_kernel[(tokens,)](logits, logits.stride(0), targets, losses, scale, vocab,
+                                                  ignore_index, BLOCK=min(BLOCK, triton.next_power_of_2(vocab)),
+                                                  num_warps=WARPS)
     return losses.sum(), logits
 
 
