@@ -5,6 +5,8 @@ Model: the reference Llama (or --shape llama3_8b), random init, bf16 on CUDA (fp
 SDPA, batch 1 per rank, fully_shard on every decoder layer and the root (built on the meta device,
 sharded, then materialised: no rank ever holds the whole model). Variants:
   ckpt       FSDP2 + torch gradient checkpointing (non-reentrant), the baseline
+  hf_offload FSDP2 + transformers' offload=True (torch's save_on_cpu around each checkpointed layer:
+             the layer inputs in host memory, copied on the compute stream)
   hs_before  apply(model, "hidden_states") before fully_shard
   hs_after   apply(model, "hidden_states") after fully_shard
   hs_chunked apply(model, "hidden_states", chunked_loss=True) before fully_shard: the loss computed
@@ -105,10 +107,10 @@ from benchmarks.common import (GB, SHAPES, TINY, add_run_args, agree, build_llam
                                finish_run_args, gather, init_ranks, log, longest_fitting, new_result, output_dir,
                                past_deadline, release_memory, short_gpu_name, table, timed_steps, worst_rank)
 
-VARIANTS = ("ckpt", "hs_before", "hs_after", "hs_chunked", "all", "all_link", "sel", "sel_link", "sel_qkv",
-            "sel_qkv_link", "auto", "ckpt_chunked", "lc_after")
+VARIANTS = ("ckpt", "hf_offload", "hs_before", "hs_after", "hs_chunked", "all", "all_link", "sel", "sel_link",
+            "sel_qkv", "sel_qkv_link", "auto", "ckpt_chunked", "lc_after")
 # Variants with the model's own gradient checkpointing.
-CHECKPOINTED = ("ckpt", "ckpt_chunked")
+CHECKPOINTED = ("ckpt", "hf_offload", "ckpt_chunked")
 # Variants applied after fully_shard: (mode, options); mode "default": apply's default mode, called
 # as a user writes it (apply(model, long_context=True)); mode None: no activation offloading.
 APPLIED_AFTER = {
@@ -158,7 +160,8 @@ def build_sharded(args, shape: dict, seq: int, variant: str):
     model, llama = build_model(args, shape, seq)
     handle = None
     if variant in CHECKPOINTED:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        offload = {"offload": True} if variant == "hf_offload" else {}
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}, **offload)
         if args.lora:  # the frozen embedding's output needs grad for the checkpointed blocks (PEFT's recipe)
             model.enable_input_require_grads()
     elif variant == "hs_before":
