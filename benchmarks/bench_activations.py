@@ -8,7 +8,7 @@ One process, one random-init LlamaForCausalLM (the reference shape, bf16, SDPA, 
      alone, no checkpointing; needs trl installed) and trl_checkpointing (what SFTConfig(
      activation_offloading=True) runs by default: the same with the model's gradient checkpointing on,
      SFTConfig's gradient_checkpointing=True, transformers' non-reentrant default); TRL hooks the
-     model's LM head for good, so the trl variants go last;
+     model's LM head for good, so without --rounds the trl variants go last;
   1. pinned host<->device bandwidth, measured here (the transfer bound uses it);
   2. per sequence length and variant: median step time, tokens/s, peak allocated / reserved GPU
      memory, bytes moved each way per step, transfer bound = bytes_d2h/bw_d2h + bytes_h2d/bw_h2d
@@ -23,13 +23,21 @@ One process, one random-init LlamaForCausalLM (the reference shape, bf16, SDPA, 
   4. a soak of --soak-steps steps in `all` mode: GPU allocated/reserved and pinned host memory after
      every step, which must stay flat after the first steps.
 
+--rounds N: every run on a fresh model (step 2 only), N interleaved rounds per length, the order of
+the variants reversed every other round; the ratios of `all` to the TRL variants are then given per
+round, median (min-max). Without it one model serves every run, in the order given.
+
 Writes <out>/activations_<gpu>.json and .md (without --out, into a new temporary folder).
 
 GPU:       python3 benchmarks/bench_activations.py --out DIR
+           all against TRL, alone and as SFTConfig(activation_offloading=True) runs it:
+           python3 benchmarks/bench_activations.py --seqs 16384 --variants all,trl,trl_checkpointing \
+               --rounds 3 --no-noise --soak-steps 0 --warmup 1 --steps 3 --out DIR
 CPU smoke: python benchmarks/bench_activations.py --device cpu --tiny --soak-steps 5 --out DIR
 """
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -59,6 +67,9 @@ def parse_args():
     p.add_argument("--min-bytes", type=int, default=1 << 20)
     p.add_argument("--no-noise", action="store_true", help="skip the bf16 gradient noise-floor check")
     p.add_argument("--disk-dir", default=None)
+    p.add_argument("--rounds", type=int, default=0,
+                   help="interleaved rounds: every run on a fresh model, the variants' order reversed every other "
+                        "round, the ratios against TRL per round (0: one model for every run, in the given order)")
     args = finish_run_args(p.parse_args(), REFERENCE)
     if args.tiny and "--seqs" not in sys.argv:
         args.noise_seq, args.soak_seq = 64, 64
@@ -242,24 +253,51 @@ def markdown(result):
 
 
 def against_trl(runs) -> list:
-    """`all` against each TRL variant that ran at its length; against TRL alone the targets: step <=
-    0.9x and peak <= 0.7x TRL's."""
+    """`all` against each TRL variant that ran at its length, per round (the runs of one round share
+    its number; without --rounds, one): the step and peak ratios, median (min-max) over the rounds;
+    against TRL alone the targets, step <= 0.9x and peak <= 0.7x TRL's, on the medians."""
     lines = []
-    by = {(r["variant"], r["seq"]): r for r in runs if "step_s" in r}
-    for (variant, seq), trl in sorted(by.items()):
-        ours = by.get(("all", seq))
-        if variant not in TRL_VARIANTS or ours is None:
-            continue
+    by = {(r["variant"], r["seq"], r.get("round")): r for r in runs if "step_s" in r}
+    pairs = {}
+    for (variant, seq, round_number), trl in by.items():
+        ours = by.get(("all", seq, round_number))
+        if variant in TRL_VARIANTS and ours is not None:
+            pairs.setdefault((variant, seq), []).append((ours, trl))
+    for (variant, seq), matched in sorted(pairs.items()):
         name = "TRL" if variant == "trl" else "TRL with checkpointing"
-        step = ours["step_s"] / trl["step_s"]
-        line = f"seq {seq}: `all` step / {name} step {step:.3f}" + (f" (target <= 0.9: {step <= 0.9})"
-                                                                   if variant == "trl" else "")
-        if "peak_allocated_GB" in ours and "peak_allocated_GB" in trl:
-            peak = ours["peak_allocated_GB"] / trl["peak_allocated_GB"]
-            line += f"; peak allocated / {name}'s {peak:.3f}" + (f" (target <= 0.7: {peak <= 0.7})"
+        step = spread([ours["step_s"] / trl["step_s"] for ours, trl in matched])
+        line = f"seq {seq}: `all` step / {name} step {step[1]}" + (f" (target <= 0.9: {step[0] <= 0.9})"
                                                                   if variant == "trl" else "")
-        lines.append(line)
+        peaks = [ours["peak_allocated_GB"] / trl["peak_allocated_GB"] for ours, trl in matched
+                 if "peak_allocated_GB" in ours and "peak_allocated_GB" in trl]
+        if peaks:
+            peak = spread(peaks)
+            line += f"; peak allocated / {name}'s {peak[1]}" + (f" (target <= 0.7: {peak[0] <= 0.7})"
+                                                                 if variant == "trl" else "")
+        lines.append(line + (f", {len(matched)} rounds" if len(matched) > 1 else ""))
     return [""] + lines if lines else []
+
+
+def spread(values) -> tuple:
+    """(the median, "median (min-max)" of `values`, or the one value)."""
+    median = statistics.median(values)
+    if len(values) == 1:
+        return median, f"{median:.3f}"
+    return median, f"{median:.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+def add_bounds(rows, bandwidth) -> None:
+    """Each offloading row's transfer bound and, where "none" ran beside it, its step over the bound."""
+    none_step = next((r["step_s"] for r in rows if r["variant"] == "none" and "step_s" in r), None)
+    for row in rows:
+        if "d2h_GB_per_step" not in row or bandwidth is None:
+            continue
+        row["transfer_bound_s"] = (row["d2h_GB_per_step"] / bandwidth["d2h_GBps"]
+                                   + row["h2d_GB_per_step"] / bandwidth["h2d_GBps"])
+        if none_step:
+            row["ratio_to_bound"] = row["step_s"] / max(none_step, row["transfer_bound_s"])
+        if "peak_reserved_GB" in row:
+            row["reserved_minus_allocated_GB"] = row["peak_reserved_GB"] - row["peak_allocated_GB"]
 
 
 def main():
@@ -270,38 +308,49 @@ def main():
         result["bandwidth"] = pinned_bandwidth()
         log("bandwidth", result["bandwidth"])
     out = output_dir(args)
-    model = build_model(args)
+    # With --rounds every run gets a fresh model (no model of an earlier run in memory, no TRL hooks
+    # left behind); without, one model serves every run.
+    shared = None if args.rounds else build_model(args)
 
     def write():
         (out / f"activations_{name}.json").write_text(json.dumps(result, indent=1))
         (out / f"activations_{name}.md").write_text(markdown(result))
 
+    def with_model(work):
+        if shared is not None:
+            return work(shared)
+        model = build_model(args)
+        try:
+            return work(model)
+        finally:
+            del model
+            release_memory(args.device)
+
     t0 = time.time()
     if not args.no_noise:
-        result["noise"] = noise_floor(model, args)
+        result["noise"] = with_model(lambda model: noise_floor(model, args))
         log("noise", result["noise"], f"{time.time() - t0:.0f}s")
         write()
     for seq in args.seq_list:
-        none_step = None
-        for variant in args.variant_list:
-            if f"{variant}@{seq}" in args.skip_set:
-                continue
-            row = run_variant(model, variant, seq, args)
-            if variant == "none" and "step_s" in row:
-                none_step = row["step_s"]
-            if "d2h_GB_per_step" in row and "bandwidth" in result:
-                bw = result["bandwidth"]
-                row["transfer_bound_s"] = row["d2h_GB_per_step"] / bw["d2h_GBps"] + row["h2d_GB_per_step"] / bw["h2d_GBps"]
-                if none_step:
-                    row["ratio_to_bound"] = row["step_s"] / max(none_step, row["transfer_bound_s"])
-                if "peak_reserved_GB" in row:
-                    row["reserved_minus_allocated_GB"] = row["peak_reserved_GB"] - row["peak_allocated_GB"]
-            result["runs"].append(row)
-            log({k: v for k, v in row.items() if k not in ("stats", "times_s")}, f"{time.time() - t0:.0f}s")
+        for round_index in range(max(1, args.rounds)):
+            order = args.variant_list if round_index % 2 == 0 else args.variant_list[::-1]
+            rows = []
+            for variant in order:
+                if f"{variant}@{seq}" in args.skip_set:
+                    continue
+                row = with_model(lambda model: run_variant(model, variant, seq, args))
+                if args.rounds:
+                    row["round"] = round_index + 1
+                rows.append(row)
+                result["runs"].append(row)
+                log({k: v for k, v in row.items() if k not in ("stats", "times_s")}, f"{time.time() - t0:.0f}s")
+                write()
+            add_bounds(rows, result.get("bandwidth"))
             write()
-    result["soak"] = soak(model, args)
-    log("soak", result["soak"]["spread_after_step_3"], result["soak"]["flat"], f"{time.time() - t0:.0f}s")
-    write()
+    if args.soak_steps:
+        result["soak"] = with_model(lambda model: soak(model, args))
+        log("soak", result["soak"]["spread_after_step_3"], result["soak"]["flat"], f"{time.time() - t0:.0f}s")
+        write()
     print(markdown(result))
 
 
