@@ -247,8 +247,9 @@ def test_gradients_computed_in_forward_follow_the_incoming_gradient_and_one_back
 def test_chunk_lm_loss_with_gradients_in_forward_trains_a_llama_like_its_own_loss():
     ids, labels = batch()
     reference, ours, chunked = tiny_llama(), tiny_llama(), tiny_llama()
-    torch_offload.chunk_lm_loss(chunked, chunk_tokens=16)
-    handle = torch_offload.chunk_lm_loss(ours, chunk_tokens=16, grads_in_forward=True)
+    torch_offload.chunk_lm_loss(chunked, chunk_tokens=16, grads_in_forward=False)
+    handle = torch_offload.chunk_lm_loss(ours, chunk_tokens=16)  # gradients in the forward: the default
+    assert handle.grads_in_forward
     out_ref, grads_ref = train_step(reference, ids, labels)
     out_chunked, grads_chunked = train_step(chunked, ids, labels)
     out, grads = train_step(ours, ids, labels)
@@ -260,6 +261,34 @@ def test_chunk_lm_loss_with_gradients_in_forward_trains_a_llama_like_its_own_los
     with pytest.raises(ValueError, match="grads_in_forward=1"):
         torch_offload.chunk_lm_loss(tiny_llama(), grads_in_forward=1)
     handle.remove()
+
+
+@pytest.mark.parametrize("grads_in_forward", [True, False])
+@pytest.mark.parametrize("chunk", [SEQ * 2, 16])
+def test_under_autocast_the_products_run_in_its_dtype_as_the_models_own_loss(grads_in_forward, chunk):
+    # Mixed precision with float32 weights (a Trainer's bf16=True): autocast casts the LM head's
+    # operands to bf16 in the forward, and its backward computes the products' gradients in bf16
+    # too, cast back to the weights' dtype. Both the forward's gradients and the backward's follow it;
+    # with one chunk (the batch's 80 rows) they are the model's own, bit for bit.
+    ids, labels = batch()
+    reference, ours = tiny_llama(), tiny_llama()
+    torch_offload.chunk_lm_loss(ours, chunk_tokens=chunk, grads_in_forward=grads_in_forward)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_ref = reference(input_ids=ids, labels=labels)
+        out = ours(input_ids=ids, labels=labels)
+    out_ref.loss.backward()
+    out.loss.backward()
+    assert out.logits is None and reference.lm_head.weight.grad.dtype == torch.float32
+    for (name, a), (_, b) in zip(ours.named_parameters(), reference.named_parameters()):
+        assert a.grad.dtype == b.grad.dtype == torch.float32, name
+        if chunk >= 2 * SEQ:
+            assert torch.equal(a.grad, b.grad), name
+        else:  # per-chunk bf16 products summed in float32 against one bf16 product
+            torch.testing.assert_close(a.grad, b.grad, rtol=2e-2, atol=1e-3, msg=lambda m: f"{name}: {m}")
+    if chunk >= 2 * SEQ:
+        assert torch.equal(out.loss, out_ref.loss)
+    else:
+        close(out.loss, out_ref.loss)
 
 
 def test_apply_passes_a_dict_of_chunk_lm_loss_keywords():

@@ -101,42 +101,67 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             total += _chunk_loss(hidden[start:end], weight, bias, targets[start:end], ignore_index)
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.chunk_tokens, ctx.ignore_index = chunk_tokens, ignore_index
+        ctx.compute_dtype = _compute_dtype(hidden, weight)  # backward runs outside the forward's autocast
         return total
 
     @staticmethod
     def backward(ctx, grad_total):
         hidden, weight, bias, targets = ctx.saved_tensors
         grads = _chunked_grads(hidden, weight, bias, targets, ctx.chunk_tokens, ctx.ignore_index, grad_total,
-                               ctx.needs_input_grad[:3])
+                               ctx.needs_input_grad[:3], ctx.compute_dtype)
         return (*grads, None, None, None)
 
 
-def _chunked_grads(hidden, weight, bias, targets, chunk_tokens, ignore_index, grad_total, needs, total=None):
+def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype the LM head's product has here: autocast's where it is on (it casts both operands of
+    F.linear), else the operands' own."""
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device) and hidden.is_floating_point():
+        return torch.get_autocast_dtype(device)
+    return torch.result_type(hidden, weight)
+
+
+def _chunked_grads(hidden, weight, bias, targets, chunk_tokens, ignore_index, grad_total, needs,
+                   compute_dtype, total=None):
     """The gradients of the summed loss times grad_total for hidden, weight and bias (None where
-    `needs` says not needed), chunk by chunk; the summed loss is added into `total` when given."""
+    `needs` says not needed), chunk by chunk; the summed loss is added into `total` when given.
+
+    The products run in `compute_dtype`, the forward's (under autocast, its dtype: the logits, their
+    gradient and the products' results in it, as autocast's backward computes them), and each
+    gradient reaches its tensor's dtype, accumulated over the chunks there."""
     need_hidden, need_weight, need_bias = needs
     grad_hidden = torch.empty_like(hidden) if need_hidden else None
     grad_weight = grad_bias = None
-    for start in range(0, hidden.shape[0], chunk_tokens):
-        end = start + chunk_tokens
-        chunk = hidden[start:end]
-        # The loss and the logits' gradient (cross_entropy_grad.py); the LM head's two products by
-        # hand, into the running results.
-        loss, grad_logits = cross_entropy_grad_(F.linear(chunk, weight, bias), targets[start:end], ignore_index,
-                                                grad_total)
-        if total is not None:
-            total += loss
-        if need_hidden:
-            torch.mm(grad_logits, weight, out=grad_hidden[start:end])
-        if need_weight:
-            if grad_weight is None:
-                grad_weight = grad_logits.t().mm(chunk)
-            else:  # no weight-sized temporary per chunk
-                grad_weight.addmm_(grad_logits.t(), chunk)
-        if need_bias:
-            part = grad_logits.sum(0)
-            grad_bias = part if grad_bias is None else grad_bias.add_(part)
-        del loss, grad_logits
+    weight_c = weight.to(compute_dtype)  # .to() copies only where the dtype differs
+    bias_c = None if bias is None else bias.to(compute_dtype)
+    with torch.autocast(hidden.device.type, enabled=False):  # the dtypes are explicit from here
+        for start in range(0, hidden.shape[0], chunk_tokens):
+            end = start + chunk_tokens
+            chunk = hidden[start:end]
+            chunk_c = chunk.to(compute_dtype)
+            # The loss and the logits' gradient (cross_entropy_grad.py); the LM head's two products by
+            # hand, into the running results.
+            loss, grad_logits = cross_entropy_grad_(F.linear(chunk_c, weight_c, bias_c), targets[start:end],
+                                                    ignore_index, grad_total)
+            if total is not None:
+                total += loss
+            if need_hidden:
+                if hidden.dtype == compute_dtype:
+                    torch.mm(grad_logits, weight_c, out=grad_hidden[start:end])
+                else:
+                    grad_hidden[start:end] = torch.mm(grad_logits, weight_c)
+            if need_weight:
+                if weight.dtype != compute_dtype:
+                    part = grad_logits.t().mm(chunk_c).to(weight.dtype)
+                    grad_weight = part if grad_weight is None else grad_weight.add_(part)
+                elif grad_weight is None:
+                    grad_weight = grad_logits.t().mm(chunk_c)
+                else:  # no weight-sized temporary per chunk
+                    grad_weight.addmm_(grad_logits.t(), chunk_c)
+            if need_bias:
+                part = grad_logits.sum(0).to(bias.dtype)
+                grad_bias = part if grad_bias is None else grad_bias.add_(part)
+            del loss, grad_logits
     return grad_hidden, grad_weight, grad_bias
 
 
@@ -150,7 +175,7 @@ class _CrossEntropyGradsInForward(torch.autograd.Function):
         scale = torch.ones((), dtype=torch.float32, device=hidden.device) / divisor
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         ctx.grads = _chunked_grads(hidden, weight, bias, targets, chunk_tokens, ignore_index, scale,
-                                   ctx.needs_input_grad[:3], total)
+                                   ctx.needs_input_grad[:3], _compute_dtype(hidden, weight), total)
         return total / divisor
 
     @staticmethod
