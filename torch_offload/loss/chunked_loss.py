@@ -114,9 +114,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 
 def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     """The dtype the LM head's product has here: autocast's where it is on (it casts both operands of
-    F.linear), else the operands' own."""
+    F.linear, float64 ones excepted), else the operands' own."""
     device = hidden.device.type
-    if torch.is_autocast_enabled(device) and hidden.is_floating_point():
+    if torch.is_autocast_enabled(device) and hidden.is_floating_point() and hidden.dtype != torch.float64:
         return torch.get_autocast_dtype(device)
     return torch.result_type(hidden, weight)
 
