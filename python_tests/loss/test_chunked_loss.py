@@ -343,3 +343,19 @@ def test_a_peft_model_as_users_hold_it_takes_the_chunked_loss():
     handle = torch_offload.chunk_lm_loss(model, 16)
     assert model(input_ids=ids, labels=labels).logits is None
     handle.remove()
+
+
+@pytest.mark.parametrize("grads_in_forward", [True, False])
+def test_a_compiled_model_trains_with_the_chunked_loss_as_the_eager_one(grads_in_forward):
+    ids, labels = batch()
+    eager, compiled = tiny_llama(), tiny_llama()
+    torch_offload.chunk_lm_loss(eager, chunk_tokens=16, grads_in_forward=grads_in_forward)
+    torch_offload.chunk_lm_loss(compiled, chunk_tokens=16, grads_in_forward=grads_in_forward)
+    torch._dynamo.reset()
+    out_eager, grads_eager = train_step(eager, ids, labels)
+    out, _ = train_step(torch.compile(compiled), ids, labels)
+    grads = {name: p.grad for name, p in compiled.named_parameters()}
+    assert out.logits is None
+    close(out.loss, out_eager.loss)
+    for name in grads_eager:
+        close(grads[name], grads_eager[name], msg=lambda m: f"{name}: {m}")

@@ -46,6 +46,9 @@ def shifted_labels(labels: torch.Tensor, ignore_index: int = -100) -> torch.Tens
     return F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
 
 
+# Under torch.compile the loss runs eagerly (a graph break): a loop over chunks whose logits never
+# coexist, a kernel that writes the gradient over them, gradients kept on ctx for grads_in_forward.
+@torch.compiler.disable
 def chunked_causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: Optional[torch.Tensor] = None, *,
                            bias: Optional[torch.Tensor] = None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                            ignore_index: int = -100, num_items_in_batch=None,
