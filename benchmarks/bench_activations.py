@@ -87,7 +87,8 @@ def enable(model, variant, args):
     """Returns (context factory for each step, OffloadHandle or None)."""
     if variant in TRL_VARIANTS:
         # TRL's OffloadActivations as SFTConfig(activation_offloading=True) sets it up (its defaults:
-        # pinned memory, a side stream, 1 KiB minimum). It hooks the lm_head for good, so run it last.
+        # pinned memory, a side stream, 1 KiB minimum). It hooks the lm_head for good: on a shared model
+        # (no --rounds) the trl variants run last.
         from trl.models.activation_offloading import get_act_offloading_ctx_manager
 
         on_gpu = args.device == "cuda"
@@ -123,10 +124,7 @@ def run_variant(model, variant, seq, args):
         ctx, handle = enable(model, variant, args)
     except ImportError as error:  # trl not installed
         return {"variant": variant, "seq": seq, "error": f"{type(error).__name__}: {error}"}
-    if variant == "trl_checkpointing":
-        handle_undo = model.gradient_checkpointing_disable
-    else:
-        handle_undo = None
+    undo_checkpointing = model.gradient_checkpointing_disable if variant == "trl_checkpointing" else None
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
     try:
         for _ in range(args.warmup):
@@ -154,8 +152,8 @@ def run_variant(model, variant, seq, args):
         if handle is not None:
             handle.manager.empty_pool()
             handle.remove()
-        if handle_undo is not None:
-            handle_undo()
+        if undo_checkpointing is not None:
+            undo_checkpointing()
         release_memory(args.device)
 
 

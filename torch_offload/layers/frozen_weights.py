@@ -237,13 +237,11 @@ class _WeightsOnDevice(ForwardWrapper):
             if torch._C._current_graph_task_id() != -1:  # a recompute in backward: going down
                 offloader.prefetch_layer(layer.index - 1)
                 prefetch_self = layer.index == 0
-                if prefetch_self:
-                    layer.prefetch()
             else:
                 offloader.prefetch_layer(layer.index + 1)
                 prefetch_self = layer.index == len(offloader.layers) - 1 and torch.is_grad_enabled()
-                if prefetch_self:
-                    layer.prefetch()
+            if prefetch_self:
+                layer.prefetch()
             output = self.run(*args, **kwargs)
         finally:
             for w, (device_copy, _) in zip(layer.weights, installed):
