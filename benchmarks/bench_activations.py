@@ -106,8 +106,10 @@ def enable(model, variant, args):
     if variant == "modules":
         return (lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)), torch_offload.apply(
             model, "modules", targets=["*.self_attn"], min_bytes=args.min_bytes, **kept)
-    handle = torch_offload.apply(model, mode=variant, min_bytes=args.min_bytes,
-                                 disk_dir=args.disk_dir if variant == "disk" else None, **kept)
+    if variant in ("all", "sync", "disk"):  # the modes that offload by size
+        kept["min_bytes"] = args.min_bytes
+    handle = torch_offload.apply(model, mode=variant, disk_dir=args.disk_dir if variant == "disk" else None,
+                                 **kept)
     return (lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)), handle
 
 

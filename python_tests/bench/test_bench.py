@@ -329,16 +329,17 @@ def test_bench_selective_tail_and_loss_suffixes_cpu_smoke(tmp_path):
 def test_bench_activations_cpu_smoke_with_trl(tmp_path):
     # TRL's OffloadActivations runs beside ours in the same process (trl is pinned in requirements/test.txt),
     # alone and as SFTConfig(activation_offloading=True) runs it, under the model's checkpointing; in
-    # interleaved rounds, every run on a fresh model, the order reversed in the second round.
+    # interleaved rounds, every run on a fresh model, the order reversed in the second round. A mode that
+    # offloads whatever the size (hidden_states) runs beside them without --min-bytes.
     run = subprocess.run([sys.executable, "benchmarks/bench_activations.py", "--device", "cpu", "--tiny", "--seqs", "64",
-                          "--variants", "none,all,trl,trl_checkpointing", "--rounds", "2", "--no-noise", "--soak-steps",
+                          "--variants", "none,all,hidden_states,trl,trl_checkpointing", "--rounds", "2", "--no-noise", "--soak-steps",
                           "2", "--steps", "1", "--warmup", "1", "--min-bytes", "0", "--out", str(tmp_path)],
                          capture_output=True, text=True, cwd=REPO, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((tmp_path / "activations_cpu.json").read_text())
     order = [(r["round"], r["variant"]) for r in result["runs"]]
-    assert order == [(1, "none"), (1, "all"), (1, "trl"), (1, "trl_checkpointing"),
-                     (2, "trl_checkpointing"), (2, "trl"), (2, "all"), (2, "none")]
+    assert order == [(1, "none"), (1, "all"), (1, "hidden_states"), (1, "trl"), (1, "trl_checkpointing"),
+                     (2, "trl_checkpointing"), (2, "trl"), (2, "hidden_states"), (2, "all"), (2, "none")]
     assert all("step_s" in r for r in result["runs"])
     assert all(r["d2h_GB_per_step"] > 0 for r in result["runs"] if r["variant"] == "all")
     assert "`all` step / TRL step" in run.stdout and "`all` step / TRL with checkpointing step" in run.stdout
