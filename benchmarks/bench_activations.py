@@ -4,7 +4,8 @@ offloaded, no recompute) against no offloading and torch.autograd.graph.save_on_
 
 One process, one random-init LlamaForCausalLM (the reference shape, bf16, SDPA, batch 1):
   0. variants: none, save_on_cpu, ours (all, sync, disk, modules; MODE:auto with the link budget,
-     keep_on_device_bytes="auto", MODE:GB with that many GB kept on the GPU), trl (TRL's OffloadActivations
+     keep_on_device_bytes="auto", MODE:GB with that many GB kept on the GPU; hidden_states, the mode
+     to set beside TRL with checkpointing), trl (TRL's OffloadActivations
      alone, no checkpointing; needs trl installed) and trl_checkpointing (what SFTConfig(
      activation_offloading=True) runs by default: the same with the model's gradient checkpointing on,
      SFTConfig's gradient_checkpointing=True, transformers' non-reentrant default); TRL hooks the
@@ -24,14 +25,14 @@ One process, one random-init LlamaForCausalLM (the reference shape, bf16, SDPA, 
      every step, which must stay flat after the first steps.
 
 --rounds N: every run on a fresh model (step 2 only), N interleaved rounds per length, the order of
-the variants reversed every other round; the ratios of `all` to the TRL variants are then given per
-round, median (min-max). Without it one model serves every run, in the order given.
+the variants reversed every other round; the ratios of ours to the TRL variants (`all` to both, `hidden_states` to
+TRL with checkpointing) are then given per round, median (min-max). Without it one model serves every run, in the order given.
 
 Writes <out>/activations_<gpu>.json and .md (without --out, into a new temporary folder).
 
 GPU:       python3 benchmarks/bench_activations.py --out DIR
-           all against TRL, alone and as SFTConfig(activation_offloading=True) runs it:
-           python3 benchmarks/bench_activations.py --seqs 16384 --variants all,trl,trl_checkpointing \
+           against TRL, alone and as SFTConfig(activation_offloading=True) runs it:
+           python3 benchmarks/bench_activations.py --seqs 16384 --variants all,hidden_states,trl,trl_checkpointing \
                --rounds 3 --no-noise --soak-steps 0 --warmup 1 --steps 3 --out DIR
 CPU smoke: python benchmarks/bench_activations.py --device cpu --tiny --soak-steps 5 --out DIR
 """
@@ -54,6 +55,8 @@ from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_
 OURS = ("all", "sync", "disk")
 NOISE_CHECKED = OURS + ("modules",)  # "modules": modules mode with targets *.self_attn
 TRL_VARIANTS = ("trl", "trl_checkpointing")
+# Our modes set against each TRL variant (against_trl).
+OURS_AGAINST_TRL = {"trl": ("all",), "trl_checkpointing": ("all", "hidden_states")}
 
 
 def parse_args():
@@ -253,27 +256,33 @@ def markdown(result):
 
 
 def against_trl(runs) -> list:
-    """`all` against each TRL variant that ran at its length, per round (the runs of one round share
-    its number; without --rounds, one): the step and peak ratios, median (min-max) over the rounds;
-    against TRL alone the targets, step <= 0.9x and peak <= 0.7x TRL's, on the medians."""
+    """Ours against each TRL variant that ran at its length, per round (the runs of one round share its
+    number; without --rounds, one): the step and peak ratios, median (min-max) over the rounds. Like for
+    like: `all` against TRL alone (neither recomputes), `hidden_states` against TRL with checkpointing
+    (both recompute and offload the checkpoint inputs); `all` is given against both. Against TRL alone
+    the targets, step <= 0.9x and peak <= 0.7x TRL's, on the medians."""
     lines = []
     by = {(r["variant"], r["seq"], r.get("round")): r for r in runs if "step_s" in r}
     pairs = {}
     for (variant, seq, round_number), trl in by.items():
-        ours = by.get(("all", seq, round_number))
-        if variant in TRL_VARIANTS and ours is not None:
-            pairs.setdefault((variant, seq), []).append((ours, trl))
-    for (variant, seq), matched in sorted(pairs.items()):
+        if variant not in TRL_VARIANTS:
+            continue
+        for mode in OURS_AGAINST_TRL[variant]:
+            ours = by.get((mode, seq, round_number))
+            if ours is not None:
+                pairs.setdefault((seq, mode, variant), []).append((ours, trl))
+    for (seq, mode, variant), matched in sorted(pairs.items()):
         name = "TRL" if variant == "trl" else "TRL with checkpointing"
+        targets = mode == "all" and variant == "trl"
         step = spread([ours["step_s"] / trl["step_s"] for ours, trl in matched])
-        line = f"seq {seq}: `all` step / {name} step {step[1]}" + (f" (target <= 0.9: {step[0] <= 0.9})"
-                                                                  if variant == "trl" else "")
+        line = f"seq {seq}: `{mode}` step / {name} step {step[1]}" + (
+            f" (target <= 0.9: {step[0] <= 0.9})" if targets else "")
         peaks = [ours["peak_allocated_GB"] / trl["peak_allocated_GB"] for ours, trl in matched
                  if "peak_allocated_GB" in ours and "peak_allocated_GB" in trl]
         if peaks:
             peak = spread(peaks)
             line += f"; peak allocated / {name}'s {peak[1]}" + (f" (target <= 0.7: {peak[0] <= 0.7})"
-                                                                 if variant == "trl" else "")
+                                                                 if targets else "")
         lines.append(line + (f", {len(matched)} rounds" if len(matched) > 1 else ""))
     return [""] + lines if lines else []
 

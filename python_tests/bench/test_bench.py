@@ -343,6 +343,7 @@ def test_bench_activations_cpu_smoke_with_trl(tmp_path):
     assert all("step_s" in r for r in result["runs"])
     assert all(r["d2h_GB_per_step"] > 0 for r in result["runs"] if r["variant"] == "all")
     assert "`all` step / TRL step" in run.stdout and "`all` step / TRL with checkpointing step" in run.stdout
+    assert "`hidden_states` step / TRL with checkpointing step" in run.stdout
     assert ", 2 rounds" in run.stdout and result["soak"]["steps"] == 2
 
 
