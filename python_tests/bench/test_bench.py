@@ -262,6 +262,36 @@ def test_compile_timeline_plot_writes_a_png(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_peak_breakdown_finds_the_peak_and_what_is_live_at_it():
+    sys.path.insert(0, str(REPO))
+    from benchmarks.common import GB, peak_breakdown
+
+    def alloc(addr, size):
+        return {"action": "alloc", "addr": addr, "size": size}
+
+    def free(addr, size):
+        return [{"action": "free_requested", "addr": addr, "size": size},
+                {"action": "free_completed", "addr": addr, "size": size}]
+
+    hidden, grad = 1000, 3000  # a hidden-state block rounds up to 1024 bytes, as the allocator's do
+    trace = [alloc(1, 1024), alloc(2, 1024), alloc(3, 1024),  # forward: three checkpoint inputs
+             *free(2, 1024),  # one offloaded
+             alloc(4, 3072), alloc(5, 512),  # backward: a gradient and a small block: the peak
+             *free(5, 512), *free(1, 1024)]
+    b = peak_breakdown(trace, baseline=10_000, backward_starts=5,
+                       classes={"S_x_hidden": {hidden}, "gradients": {grad}})
+    assert b["peak_GB"] == pytest.approx((10_000 + 2 * 1024 + 3072 + 512) / GB)
+    assert b["before_step_GB"] == pytest.approx(10_000 / GB)
+    assert b["allocated_at_backward_start_GB"] == pytest.approx((10_000 + 2 * 1024) / GB)
+    # Events 5 and 6 of backward's 6 (indices 5-10): the peak comes after 1 of them.
+    assert b["peak_in"] == "backward, after 17% of its events"
+    assert b["at_peak"]["S_x_hidden"] == {"GB": pytest.approx(2048 / GB), "blocks": 2}
+    assert b["at_peak"]["gradients"] == {"GB": pytest.approx(3072 / GB), "blocks": 1}
+    assert b["at_peak"]["other"] == {"GB": pytest.approx(512 / GB), "blocks": 1}
+    forward_peak = peak_breakdown(trace[:3], baseline=0, backward_starts=3, classes={})
+    assert forward_peak["peak_in"] == "forward" and forward_peak["at_peak"]["other"]["blocks"] == 3
+
+
 def test_link_utilisation_is_bytes_over_step_time_times_bandwidth():
     from torch_offload.bench.common import add_link_utilisation
     row = {"step_s": 2.0, "to_host_MB": 1000.0, "to_device_MB": 500.0}
