@@ -21,10 +21,8 @@ per sequence length. Variants:
                    same options when that ran, else with ckpt_compiled_causal, else ckpt_compiled
 
 Per run: compile time (first step minus a steady step), median step time, tokens/s, peak
-allocated / reserved memory, the forward's peak, with --timeline the allocated-memory timeline
-of one step (plot it with benchmarks/plot_timeline.py), and with --peak-breakdown where one step's
-peak is and what is live at it, by size (the checkpoints' inputs, a layer's MLP intermediates,
-gradients, other). Per seq: boundary bytes L*S*h*2, ratios to
+allocated / reserved memory, the forward's peak, and with --timeline the allocated-memory timeline
+of one step (plot it with benchmarks/plot_timeline.py). Per seq: boundary bytes L*S*h*2, ratios to
 ckpt_compiled, freed = peak(ckpt_compiled) - peak(variant).
 
 Compile times are comparable between variants: before the first variant a small function is compiled
@@ -39,9 +37,6 @@ checkpointing.
 Writes <out>/compile_<gpu>.json and .md (without --out, into a new temporary folder).
 
 GPU:       python3 benchmarks/bench_compile.py --out DIR
-           where the compiled peaks are: python3 benchmarks/bench_compile.py --seqs 16384,32768 --steps 1 \
-               --variants ckpt_compiled_causal_detach,ours_compiled_causal_detach \
-               --peak-breakdown ckpt_compiled_causal_detach,ours_compiled_causal_detach --out DIR
 CPU smoke: python benchmarks/bench_compile.py --device cpu --tiny --out DIR
 """
 import argparse
@@ -62,8 +57,7 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts  # noqa:
 from torch_offload import policies  # noqa: E402
 from benchmarks.common import (GB, REFERENCE, add_run_args, apply_hf_options, build_llama,  # noqa: E402
                                finish_run_args, flat_grads, memory_timeline, new_result, output_dir,
-                               peak_breakdown, release_memory, short_gpu_name, split_hf_options, sync, table,
-                               timed_steps)
+                               release_memory, short_gpu_name, split_hf_options, sync, table, timed_steps)
 
 TINY = dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=256)
 
@@ -73,9 +67,6 @@ def parse_args():
     add_run_args(p, seqs="16384,32768", steps=4, warmup=None)  # warm-up: two steps, compile included
     p.add_argument("--variants", default="ckpt_compiled,sac_compiled,ours_compiled,ours_selective")
     p.add_argument("--timeline", default="", help="variants whose one-step memory timeline to record")
-    p.add_argument("--peak-breakdown", default="",
-                   help="variants whose one-step peak to take apart: where it is (forward, or how far into "
-                        "backward) and what is live at it, by size (CUDA)")
     p.add_argument("--noise-seq", type=int, default=0,
                    help="first compare each variant's gradients at this length with eager checkpointing's (0: skip)")
     p.add_argument("--min-bytes", type=int, default=None,
@@ -187,8 +178,6 @@ def measure(args, variant, seq, model, step_model, ids):
             step()
             row["timeline_GB"] = memory_timeline(torch.cuda.memory._snapshot(), baseline)
             torch.cuda.memory._record_memory_history(enabled=None)
-        if variant in args.peak_breakdown.split(",") and args.device == "cuda":
-            row["peak_breakdown"] = traced_peak(args, seq, model, step_model, ids)
         if manager is not None:
             stats = dict(manager.stats())
             row["offloaded_per_graph"] = [len(n) for n in step_model.offload_partitioner.offloaded]
@@ -200,28 +189,6 @@ def measure(args, variant, seq, model, step_model, ids):
     del step_model, model, ids
     release_memory(args.device)
     return row
-
-
-def traced_peak(args, seq, model, step_model, ids) -> dict:
-    """One more step under the allocator's trace, taken apart by peak_breakdown. The size classes:
-    a hidden-state tensor (S x hidden: the checkpoints' inputs are such), an MLP intermediate (S x
-    ffn: a layer's recompute), a parameter's gradient (each parameter's size)."""
-    itemsize = next(model.parameters()).element_size()
-    classes = {"S_x_hidden": {seq * args.config["hidden"] * itemsize},
-               "S_x_ffn": {seq * args.config["intermediate"] * itemsize},
-               "gradients": {p.numel() * p.element_size() for p in model.parameters()}}
-    baseline = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
-    try:
-        loss = step_model(input_ids=ids, labels=ids).loss
-        backward_starts = len(torch.cuda.memory._snapshot()["device_traces"][0])
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-        sync(args.device)
-        trace = torch.cuda.memory._snapshot()["device_traces"][0]
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    return peak_breakdown(trace, baseline, backward_starts, classes)
 
 
 def gradient_noise(args) -> dict:
@@ -267,19 +234,6 @@ def markdown(result):
         ("compile s", "compile_s", "{:.1f}"), ("step s", "step_s", "{:.3f}"), ("tok/s", "tokens_per_s", "{:.0f}"),
         ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
         ("D2H GB/step", "d2h_GB_per_step", "{:.2f}")])
-    broken = [r for r in result["runs"] if "peak_breakdown" in r]
-    if broken:
-        lines += ["", "Where one step's peak is, and the GB (blocks) the step allocated that are live at it, by size: "
-                  "S x hidden (the checkpoints' inputs are such, and a layer's hidden states), S x ffn (a layer's MLP "
-                  "intermediates), gradients (a parameter's size); the weights are in `before step`:", "",
-                  "| seq | variant | peak GB | before step GB | peak in | at backward start GB | S x hidden | S x ffn | "
-                  "gradients | other |", "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in broken:
-            b = r["peak_breakdown"]
-            parts = " | ".join(f"{b['at_peak'][k]['GB']:.2f} ({b['at_peak'][k]['blocks']})"
-                               for k in ("S_x_hidden", "S_x_ffn", "gradients", "other"))
-            lines.append(f"| {r['seq']} | {r['variant']} | {b['peak_GB']:.2f} | {b['before_step_GB']:.2f} | "
-                         f"{b['peak_in']} | {b['allocated_at_backward_start_GB']:.2f} | {parts} |")
     lines += ["", "Against compiled checkpointing of the same seq, `against` (freed = its peak allocated - the variant's):",
               "", "| seq | variant | against | boundary GB | x tok/s | freed GB | freed / boundary | compile time x |",
               "|---|---|---|---|---|---|---|---|"]

@@ -222,40 +222,6 @@ def replay_allocations(trace, baseline: int):
         yield changed, total
 
 
-def peak_breakdown(trace, baseline: int, backward_starts: int, classes: dict) -> dict:
-    """Where a traced step's allocated-memory peak is and what is live at it. `trace`: one device's
-    events of torch.cuda.memory._snapshot(); `baseline`: bytes allocated before the trace began;
-    `backward_starts`: the index of the first event after the forward; `classes`: {name: set of
-    byte sizes} (a block counts in the first class holding its size, rounded up to 512 bytes as the
-    allocator rounds; "other" otherwise). Returns the peak in GB, its place ("forward", or the share
-    of backward's events before it), the bytes allocated when backward starts, and per class the GB
-    and blocks live at the peak that the step allocated."""
-    peak, peak_at, allocated_at_backward = baseline, -1, baseline
-    for index, (_, total) in enumerate(replay_allocations(trace, baseline)):
-        if index == backward_starts - 1:
-            allocated_at_backward = total
-        if total > peak:
-            peak, peak_at = total, index
-    live = {}
-    for event in trace[:peak_at + 1]:
-        if event["action"] == "alloc":
-            live[event["addr"]] = event["size"]
-        elif event["action"] == "free_completed":
-            live.pop(event["addr"], None)
-    rounded = {name: {-(-size // 512) * 512 for size in sizes} for name, sizes in classes.items()}
-    at_peak = {name: [0, 0] for name in [*classes, "other"]}
-    for size in live.values():
-        name = next((n for n, sizes in rounded.items() if size in sizes), "other")
-        at_peak[name][0] += size
-        at_peak[name][1] += 1
-    backward_events = max(1, len(trace) - backward_starts)
-    return {"peak_GB": peak / GB, "before_step_GB": baseline / GB,
-            "peak_in": "forward" if peak_at < backward_starts else
-            f"backward, after {(peak_at - backward_starts) / backward_events:.0%} of its events",
-            "allocated_at_backward_start_GB": allocated_at_backward / GB,
-            "at_peak": {name: {"GB": nbytes / GB, "blocks": blocks} for name, (nbytes, blocks) in at_peak.items()}}
-
-
 def memory_timeline(snapshot, baseline: int, points: int = 1500) -> list:
     """Allocated GB after each traced alloc/free of device 0, thinned to about `points` values (each
     kept value is the largest of its stretch, so the peak survives)."""

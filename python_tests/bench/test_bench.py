@@ -262,36 +262,6 @@ def test_compile_timeline_plot_writes_a_png(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_peak_breakdown_finds_the_peak_and_what_is_live_at_it():
-    sys.path.insert(0, str(REPO))
-    from benchmarks.common import GB, peak_breakdown
-
-    def alloc(addr, size):
-        return {"action": "alloc", "addr": addr, "size": size}
-
-    def free(addr, size):
-        return [{"action": "free_requested", "addr": addr, "size": size},
-                {"action": "free_completed", "addr": addr, "size": size}]
-
-    hidden, grad = 1000, 3000  # a hidden-state block rounds up to 1024 bytes, as the allocator's do
-    trace = [alloc(1, 1024), alloc(2, 1024), alloc(3, 1024),  # forward: three checkpoint inputs
-             *free(2, 1024),  # one offloaded
-             alloc(4, 3072), alloc(5, 512),  # backward: a gradient and a small block: the peak
-             *free(5, 512), *free(1, 1024)]
-    b = peak_breakdown(trace, baseline=10_000, backward_starts=5,
-                       classes={"S_x_hidden": {hidden}, "gradients": {grad}})
-    assert b["peak_GB"] == pytest.approx((10_000 + 2 * 1024 + 3072 + 512) / GB)
-    assert b["before_step_GB"] == pytest.approx(10_000 / GB)
-    assert b["allocated_at_backward_start_GB"] == pytest.approx((10_000 + 2 * 1024) / GB)
-    # Events 5 and 6 of backward's 6 (indices 5-10): the peak comes after 1 of them.
-    assert b["peak_in"] == "backward, after 17% of its events"
-    assert b["at_peak"]["S_x_hidden"] == {"GB": pytest.approx(2048 / GB), "blocks": 2}
-    assert b["at_peak"]["gradients"] == {"GB": pytest.approx(3072 / GB), "blocks": 1}
-    assert b["at_peak"]["other"] == {"GB": pytest.approx(512 / GB), "blocks": 1}
-    forward_peak = peak_breakdown(trace[:3], baseline=0, backward_starts=3, classes={})
-    assert forward_peak["peak_in"] == "forward" and forward_peak["at_peak"]["other"]["blocks"] == 3
-
-
 def test_link_utilisation_is_bytes_over_step_time_times_bandwidth():
     from torch_offload.bench.common import add_link_utilisation
     row = {"step_s": 2.0, "to_host_MB": 1000.0, "to_device_MB": 500.0}
@@ -397,3 +367,37 @@ def test_bench_compile_cpu_smoke(tmp_path):
     (summary,) = result["summary"]
     assert summary["variant"] == "ours_compiled_causal" and summary["against"] == "ckpt_compiled_causal"
     assert "Gradients at seq 32" in (tmp_path / "compile_cpu.md").read_text()
+
+
+def test_rounds_runs_each_variant_in_its_own_process_in_alternated_order(tmp_path):
+    # benchmarks/rounds.py around a benchmark: one process per variant and round, the order reversed
+    # in the second round, and each round's ratio against the baseline of the same round.
+    run = subprocess.run([sys.executable, "benchmarks/rounds.py", "--rounds", "2", "--baseline", "ckpt", "--out",
+                          str(tmp_path), "--", sys.executable, "benchmarks/bench_selective.py", "--device", "cpu",
+                          "--tiny", "--seqs", "64", "--variants", "ckpt,hidden", "--steps", "1", "--warmup", "1"],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "rounds.json").read_text())
+    assert [(r["round"], r["variant"]) for r in result["runs"]] == [(1, "ckpt"), (1, "hidden"), (2, "hidden"),
+                                                                    (2, "ckpt")]
+    assert sorted(p.name for p in (tmp_path / "round2").iterdir()) == ["ckpt", "hidden"]
+    step = {(r["round"], r["variant"]): r["step_s"] for r in result["runs"]}
+    hidden = next(r for r in result["summary"] if r["variant"] == "hidden")
+    ratios = sorted(step[(n, "ckpt")] / step[(n, "hidden")] for n in (1, 2))
+    assert hidden["rounds"] == 2 and hidden["speed_x_baseline"]["min"] == pytest.approx(ratios[0])
+    assert hidden["speed_x_baseline"]["max"] == pytest.approx(ratios[1])
+    assert "| 64 | hidden | 2 |" in run.stdout and not result["failed"]
+
+
+def test_rounds_reports_a_variant_that_fails_and_refuses_a_missing_baseline(tmp_path):
+    wrapped = [sys.executable, "benchmarks/bench_selective.py", "--device", "cpu", "--tiny", "--seqs", "64",
+               "--steps", "1", "--warmup", "0"]
+    run = subprocess.run([sys.executable, "benchmarks/rounds.py", "--rounds", "1", "--baseline", "ckpt", "--out",
+                          str(tmp_path), "--", *wrapped, "--variants", "ckpt,nope"],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert run.returncode == 1
+    failed = json.loads((tmp_path / "rounds.json").read_text())["failed"]
+    assert len(failed) == 1 and failed[0].startswith("round 1 nope: exit 2") and "unknown variant" in failed[0]
+    refused = subprocess.run([sys.executable, "benchmarks/rounds.py", "--baseline", "ckpt", "--out", str(tmp_path),
+                              "--", *wrapped, "--variants", "hidden"], capture_output=True, text=True, cwd=REPO)
+    assert refused.returncode == 2 and "--baseline 'ckpt' is not among" in refused.stderr

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Interleaved rounds of any benchmark script that takes --variants and --out and writes a JSON with
+its "runs": every variant in its own process (a fresh model, nothing left from another variant), the
+variants' order reversed every other round, so that drift of the machine and the position in a round
+fall on all of them alike. Per length and variant: step time min / median / max over the rounds and,
+per round, the baseline's step over the variant's ("speed x baseline") and the variant's peak over
+the baseline's, min / median / max. A ratio whose range holds 1.000 is "equal".
+
+    python3 benchmarks/rounds.py --rounds 3 --baseline ckpt --out DIR -- \\
+        python3 benchmarks/bench_selective.py --seqs 16384,65536 --variants ckpt,torch_sac,selective \\
+        --warmup 1 --steps 3
+
+Each run writes into DIR/round<R>/<variant>/; DIR/rounds.json holds the command, every run and the
+summary; DIR/rounds.md the table.
+CPU smoke: python benchmarks/rounds.py --rounds 2 --baseline ckpt --out DIR -- python \\
+           benchmarks/bench_selective.py --device cpu --tiny --variants ckpt,hidden --steps 1
+"""
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+
+def variants_of(command: list) -> tuple:
+    """The wrapped command's --variants list, and the command without that option."""
+    rest, variants = [], None
+    items = iter(command)
+    for item in items:
+        if item == "--variants":
+            variants = next(items, "")
+        elif item.startswith("--variants="):
+            variants = item.split("=", 1)[1]
+        else:
+            rest.append(item)
+    if not variants:
+        raise SystemExit("rounds.py: the wrapped command needs --variants A,B,...")
+    return [v for v in variants.split(",") if v], rest
+
+
+def orders(variants: list, rounds: int) -> list:
+    """(round, variant) in run order: the given order in odd rounds, reversed in even ones."""
+    return [(r, v) for r in range(1, rounds + 1) for v in (variants if r % 2 else variants[::-1])]
+
+
+def measured(run: dict) -> dict:
+    """A benchmark's row as (step_s, peak_allocated_GB), whichever names the script gives them;
+    {} for a row that failed or measured no step."""
+    step = run.get("step_s", run.get("step_s_median"))
+    peak = run.get("peak_allocated_GB")
+    if peak is None and run.get("peak_alloc") is not None:
+        peak = run["peak_alloc"] / 1e9
+    if step is None or "error" in run:
+        return {}
+    return {"step_s": step, "peak_allocated_GB": peak}
+
+
+def spread(values: list) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarise(runs: list, baseline: str) -> list:
+    """One row per (seq, variant): step time and, per round where the baseline ran too, the speed
+    and peak ratios against it, min / median / max."""
+    by = {(r["seq"], r["variant"], r["round"]): r for r in runs if "step_s" in r}
+    rows = []
+    for seq, variant in sorted({(s, v) for s, v, _ in by}, key=lambda k: (k[0], k[1] != baseline, k[1])):
+        mine = [r for (s, v, _), r in by.items() if (s, v) == (seq, variant)]
+        row = {"seq": seq, "variant": variant, "rounds": len(mine), "step_s": spread([r["step_s"] for r in mine])}
+        peaks = [r["peak_allocated_GB"] for r in mine if r["peak_allocated_GB"] is not None]
+        if peaks:
+            row["peak_allocated_GB"] = max(peaks)
+        pairs = [(r, by[(seq, baseline, r["round"])]) for r in mine if (seq, baseline, r["round"]) in by]
+        if variant != baseline and pairs:
+            row["speed_x_baseline"] = spread([b["step_s"] / r["step_s"] for r, b in pairs])
+            peak_pairs = [(r, b) for r, b in pairs if r["peak_allocated_GB"] and b["peak_allocated_GB"]]
+            if peak_pairs:
+                row["peak_x_baseline"] = spread([r["peak_allocated_GB"] / b["peak_allocated_GB"] for r, b in peak_pairs])
+        rows.append(row)
+    return rows
+
+
+def as_text(s: dict) -> str:
+    text = f"{s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f})"
+    return ("equal: " + text) if round(s["min"], 3) <= 1.0 <= round(s["max"], 3) else text
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# {result['rounds']} interleaved rounds, one process per variant", "",
+             f"command: `{result['command']}`", "",
+             f"| seq | variant | rounds | step s median (min-max) | peak alloc GB (largest) | speed x {result['baseline']} "
+             f"| peak x {result['baseline']} |", "|---|---|---|---|---|---|---|"]
+    for r in result["summary"]:
+        step = r["step_s"]
+        peak = f"{r['peak_allocated_GB']:.2f}" if "peak_allocated_GB" in r else "-"
+        lines.append(f"| {r['seq']} | {r['variant']} | {r['rounds']} | {step['median']:.3f} ({step['min']:.3f}-"
+                     f"{step['max']:.3f}) | {peak} | {as_text(r['speed_x_baseline']) if 'speed_x_baseline' in r else '-'}"
+                     f" | {as_text(r['peak_x_baseline']) if 'peak_x_baseline' in r else '-'} |")
+    if result["failed"]:
+        lines += ["", "Failed: " + "; ".join(result["failed"])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--baseline", required=True, help="the variant every ratio is taken against")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the benchmark's command")
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    variants, rest = variants_of(command)
+    if args.baseline not in variants:
+        p.error(f"--baseline {args.baseline!r} is not among the wrapped command's variants {','.join(variants)}")
+    result = {"command": shlex.join(["benchmarks/rounds.py", "--rounds", str(args.rounds), "--baseline",
+                                     args.baseline, "--out", "OUTDIR", "--", *command]),
+              "rounds": args.rounds, "baseline": args.baseline, "runs": [], "failed": []}
+    for round_number, variant in orders(variants, args.rounds):
+        out = args.out / f"round{round_number}" / variant
+        out.mkdir(parents=True, exist_ok=True)
+        run = subprocess.run([*rest, "--variants", variant, "--out", str(out)], text=True, capture_output=True)
+        (out / "log.txt").write_text(run.stdout + run.stderr)
+        rows = [json.loads(f.read_text()).get("runs", []) for f in sorted(out.glob("*.json"))]
+        got = [dict(seq=r.get("seq"), variant=variant, round=round_number, **measured(r))
+               for rs in rows for r in rs if r.get("variant") == variant]
+        if run.returncode != 0 or not any("step_s" in g for g in got):
+            result["failed"].append(f"round {round_number} {variant}: exit {run.returncode}, "
+                                    + (run.stderr.strip().splitlines() or ["no output"])[-1][:200])
+        result["runs"] += got
+        print(f"round {round_number} {variant}: " + ", ".join(
+            f"{g['seq']}: {g['step_s']:.3f} s" for g in got if "step_s" in g), flush=True)
+    result["summary"] = summarise(result["runs"], args.baseline)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "rounds.json").write_text(json.dumps(result, indent=1))
+    text = markdown(result)
+    (args.out / "rounds.md").write_text(text)
+    print(text)
+    return 1 if result["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
