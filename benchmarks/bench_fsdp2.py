@@ -101,7 +101,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from torch_offload.hooks.link_budget import DECISIONS, LinkBudget, PolicyLinkBudget  # noqa: E402
+from torch_offload.hooks.link_budget import LinkBudget, PolicyLinkBudget  # noqa: E402
 from torch_offload.hooks.node_link import link_bandwidth  # noqa: E402
 from benchmarks.common import (GB, SHAPES, TINY, add_run_args, agree, build_llama, exit_without_finalising,  # noqa: E402
                                finish_run_args, gather, init_ranks, log, longest_fitting, new_result, output_dir,
@@ -207,7 +207,7 @@ def warmed_up(handle, steps_done: int, warmup: int, cuda: bool) -> bool:
     if handle.auto is not None:
         return handle.auto.planned or steps_done >= AUTO_MAX_WARMUP
     if cuda and isinstance(handle.link_budget, PolicyLinkBudget):
-        return len(handle.link_budget.history) >= DECISIONS
+        return handle.link_budget.decided
     return True
 
 

@@ -31,7 +31,6 @@ from torch import nn
 from .node_link import agree, link_bandwidth
 
 MARGIN = 1.1
-DECISIONS = 2  # PolicyLinkBudget has decided after this many measured forwards, then keeps its count
 
 
 def window_for(forward_bytes: float, forward_s: float, stalled_s: float, bandwidth: float) -> int:
