@@ -11,7 +11,7 @@ the baseline's, min / median / max. A ratio whose range holds 1.000 is "equal".
         --warmup 1 --steps 3
 
 Each run writes into DIR/round<R>/<variant>/; DIR/rounds.json holds the command, every run and the
-summary; DIR/rounds.md the table.
+summary, DIR/rounds.md the table, both rewritten after every run.
 CPU smoke: python benchmarks/rounds.py --rounds 2 --baseline ckpt --out DIR -- python \\
            benchmarks/bench_selective.py --device cpu --tiny --variants ckpt,hidden --steps 1
 """
@@ -131,13 +131,18 @@ def main(argv=None):
         result["runs"] += got
         print(f"round {round_number} {variant}: " + ", ".join(
             f"{g['seq']}: {g['step_s']:.3f} s" for g in got if "step_s" in g), flush=True)
-    result["summary"] = summarise(result["runs"], args.baseline)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "rounds.json").write_text(json.dumps(result, indent=1))
-    text = markdown(result)
-    (args.out / "rounds.md").write_text(text)
+        text = write(result, args.out)  # after every run: a run stopped by a time limit keeps the rounds done
     print(text)
     return 1 if result["failed"] else 0
+
+
+def write(result: dict, out: Path) -> str:
+    """Summarises the runs so far into out/rounds.json and out/rounds.md; returns the table."""
+    result["summary"] = summarise(result["runs"], result["baseline"])
+    (out / "rounds.json").write_text(json.dumps(result, indent=1))
+    text = markdown(result)
+    (out / "rounds.md").write_text(text)
+    return text
 
 
 if __name__ == "__main__":
