@@ -114,7 +114,7 @@ def main(argv=None):
     variants, rest = variants_of(command)
     if args.baseline not in variants:
         p.error(f"--baseline {args.baseline!r} is not among the wrapped command's variants {','.join(variants)}")
-    result = {"command": shlex.join(["benchmarks/rounds.py", "--rounds", str(args.rounds), "--baseline",
+    result = {"command": shlex.join(["python3", "benchmarks/rounds.py", "--rounds", str(args.rounds), "--baseline",
                                      args.baseline, "--out", "OUTDIR", "--", *command]),
               "rounds": args.rounds, "baseline": args.baseline, "runs": [], "failed": []}
     for round_number, variant in orders(variants, args.rounds):
