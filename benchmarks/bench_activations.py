@@ -52,7 +52,7 @@ from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_
                                new_result, output_dir, pinned_bandwidth, release_memory, short_gpu_name, sync,
                                table, timed_steps)
 
-OURS = ("all", "sync", "disk")
+OURS = ("all", "sync", "disk")  # the modes that offload every saved tensor of min_bytes or more
 NOISE_CHECKED = OURS + ("modules",)  # "modules": modules mode with targets *.self_attn
 TRL_VARIANTS = ("trl", "trl_checkpointing")
 # Our modes set against each TRL variant (against_trl).
@@ -109,7 +109,7 @@ def enable(model, variant, args):
     if variant == "modules":
         return (lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)), torch_offload.apply(
             model, "modules", targets=["*.self_attn"], min_bytes=args.min_bytes, **kept)
-    if variant in ("all", "sync", "disk"):  # the modes that offload by size
+    if variant in OURS:  # the modes that offload by size
         kept["min_bytes"] = args.min_bytes
     handle = torch_offload.apply(model, mode=variant, disk_dir=args.disk_dir if variant == "disk" else None,
                                  **kept)

@@ -112,6 +112,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     variants, rest = variants_of(command)
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds}: expected 1 or more")
     if args.baseline not in variants:
         p.error(f"--baseline {args.baseline!r} is not among the wrapped command's variants {','.join(variants)}")
     result = {"command": shlex.join(["python3", "benchmarks/rounds.py", "--rounds", str(args.rounds), "--baseline",
