@@ -18,7 +18,11 @@ try of the search, with the device memory checked back to ~0 first. Variants (--
   hf_offload    ckpt with transformers' offload=True (save_on_cpu around each checkpoint)
   hf_offload_liger  hf_offload with Liger's fused linear cross entropy
   ours          torch_offload.apply(model, "hidden_states", long_context=True): layer inputs in host
-                memory (disk past the host budget), chunked loss, tiled MLP, frozen base offloaded
+                memory (disk past the host budget), chunked loss, tiled MLP, frozen base offloaded;
+                from the second step at a length, the layers whose weights fit in the memory the
+                first step left keep them on the GPU (time it with --warmup 2)
+  ours_every_layer_offloaded  ours with layer_offloading={"keep_layers_that_fit": False}: every
+                layer's weights copied at every visit
   ours_weights_on_gpu  the same with layer_offloading=False: the frozen base stays on the GPU
   ours_untiled  torch_offload.apply(model, "hidden_states", chunked_loss=True): no tiled MLP
   ours_loss_grads_in_backward  ours with chunked_loss={"grads_in_forward": False}: the loss's
@@ -76,8 +80,8 @@ from torch_offload._library.node_budget import host_memory_bytes  # noqa: E402
 from benchmarks.common import (GB, LLAMA3_8B, add_run_args, build_llama, finish_run_args, log,  # noqa: E402
                                longest_fitting, new_result, output_dir, release_memory, table, timed_steps)
 
-VARIANTS = ("ckpt", "ckpt_liger", "ckpt_chunked", "hf_offload", "hf_offload_liger", "ours", "ours_weights_on_gpu",
-            "ours_untiled", "ours_loss_grads_in_backward")
+VARIANTS = ("ckpt", "ckpt_liger", "ckpt_chunked", "hf_offload", "hf_offload_liger", "ours", "ours_every_layer_offloaded",
+            "ours_weights_on_gpu", "ours_untiled", "ours_loss_grads_in_backward")
 CHECKPOINTED = ("ckpt", "ckpt_liger", "ckpt_chunked", "hf_offload", "hf_offload_liger")  # transformers' checkpointing
 LIGER_VARIANTS = ("ckpt_liger", "hf_offload_liger")
 FULL_LOGITS = ("ckpt", "hf_offload")  # the others' loss never materialises the logits of the whole sequence
@@ -122,6 +126,8 @@ def enable(model, variant: str, **ours_options):
         return handle, [handle], 'apply(model, "hidden_states", chunked_loss=True)'
     if variant == "ours":
         return enable_ours(model, **ours_options)
+    if variant == "ours_every_layer_offloaded":
+        return enable_ours(model, layer_offloading={"keep_layers_that_fit": False}, **ours_options)
     if variant == "ours_weights_on_gpu":
         return enable_ours(model, layer_offloading=False, **ours_options)
     if variant == "ours_loss_grads_in_backward":
@@ -187,6 +193,7 @@ def offload_fields(handle, steps: int) -> dict:
     if handle.layers is not None:
         row["layer_stats"] = handle.layers.stats()
         row["weights_to_device_GB_per_step"] = row["layer_stats"].get("bytes_to_device", 0) / steps / GB
+        row["kept_layers"] = len(handle.layers.kept_layers)
     try:
         row["explain"] = handle.explain()
     except (AttributeError, RuntimeError):  # only with long_context=True (and mode "auto")
@@ -451,7 +458,8 @@ def markdown(result: dict) -> str:
             ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
             ("host peak GB", "host_peak_GB", "{:.2f}"), ("to host GB/step", "to_host_GB_per_step", "{:.2f}"),
             ("disk GB/step", "disk_written_GB_per_step", "{:.2f}"), ("spills", "spills", "{:.0f}"),
-            ("weights H2D GB/step", "weights_to_device_GB_per_step", "{:.2f}"), ("at longest of", "at_longest_of", "{}")])
+            ("weights H2D GB/step", "weights_to_device_GB_per_step", "{:.2f}"),
+            ("layers kept on the GPU", "kept_layers", "{}"), ("at longest of", "at_longest_of", "{}")])
         explained = [r for r in result["runs"] if r.get("explain")]
         if explained:
             lines += ["", f"## {explained[-1]['variant']} at {explained[-1]['seq']}: handle.explain()", "",

@@ -51,7 +51,8 @@ def _layer_offloading(handle: OffloadHandle, config: OffloadConfig, blocks, mana
     if options:
         handle.layers = offload_layers(handle.model, blocks, max_in_flight=options.max_in_flight,
                                        host_budget_bytes=options.host_budget_bytes,
-                                       node_host_budget_bytes=options.node_host_budget_bytes)
+                                       node_host_budget_bytes=options.node_host_budget_bytes,
+                                       keep_layers_that_fit=options.keep_layers_that_fit)
         handle.push(handle.layers.remove)
 
 

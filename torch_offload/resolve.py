@@ -5,7 +5,8 @@ Without long_context, a part not given is off. With long_context=True, what trai
 longer than gradient checkpointing fits needs is turned on where it applies, unless given:
 - the activation mode: the one given (default "hidden_states": every block's input in host memory,
   the least the GPU keeps of any mode that recomputes);
-- layer offloading of the frozen weights (the base under LoRA adapters), where the blocks have any;
+- layer offloading of the frozen weights (the base under LoRA adapters), where the blocks have any,
+  keeping on the GPU the layers that fit in the room the first step at each input size leaves;
 - the chunked loss (no vocabulary x tokens logits), where the model is a causal LM with a loss;
 - the host budget: the boundaries take host RAM up to what is available (less a reserve and the
   frozen weights layer offloading pins), and what goes beyond spills to unnamed files in `disk_dir`
@@ -89,8 +90,10 @@ def _layer_offloading(given, blocks, notes: List[Note]):
                           "the shards in host memory instead)"))
         return False
     notes.append(Note("layer offloading", "on", f"{size / GIB:.2f} GiB of frozen weights in {len(blocks)} blocks "
-                      "live in host memory and visit the GPU while their block runs"))
-    return LayerOffloadingOptions()
+                      "live in host memory and visit the GPU while their block runs; from the second step at "
+                      "each input size, the blocks whose weights fit in the GPU memory the first step left keep "
+                      "them there (keep_layers_that_fit; handle.layers.kept_layers lists them)"))
+    return LayerOffloadingOptions(keep_layers_that_fit=True)
 
 
 def _chunked_loss(given, model, notes: List[Note]):

@@ -38,15 +38,19 @@ class LayerOffloadingOptions:
     max_in_flight: weight copies in flight at once.
     host_budget_bytes / node_host_budget_bytes: the most pinned host memory the weights may take
         (0: what is available), this rank's / the node's.
+    keep_layers_that_fit: from the second step at each input size, the layers whose weights fit in
+        the GPU memory the first step left keep them on the GPU (long_context=True turns it on).
     """
 
     max_in_flight: int = MANAGER_DEFAULTS.max_in_flight
     host_budget_bytes: int = 0
     node_host_budget_bytes: int = 0
+    keep_layers_that_fit: bool = False
 
     def __post_init__(self):
         for name in ("max_in_flight", "host_budget_bytes", "node_host_budget_bytes"):
             check_int(name, getattr(self, name))
+        check_bool("keep_layers_that_fit", self.keep_layers_that_fit)
 
     @classmethod
     def from_value(cls, value):

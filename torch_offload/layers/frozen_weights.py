@@ -10,7 +10,8 @@ installed in its module; the next layer in execution order is prefetched on the 
 (reverse order in backward); when the forward returns, the original host Parameters are put back
 and the device copies are dropped, never copied back (they are frozen). The weights autograd saves
 for backward are packed as tokens (hooks/weight_tokens.py) and fetched again, prefetched, in backward.
-Trainable parameters (the adapters) and buffers stay where they are.
+Trainable parameters (the adapters) and buffers stay where they are. With keep_layers_that_fit, the
+layers whose weights fit in the room the steps leave keep their device copies (kept_layers.py).
 """
 import copy
 from typing import Iterable, List, Optional
@@ -29,6 +30,7 @@ from ..hooks.hook_scopes import HookScopes
 from .._library.manager import MANAGER_DEFAULTS, OffloadManager
 from .._library import node_budget
 from ..hooks import weight_tokens
+from .kept_layers import KeptLayers
 
 _WRAPPED = "_torch_offload_layer"  # attribute marking a block wrapped by offload_layers
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # an integer dtype per element size
@@ -48,10 +50,16 @@ class _FrozenWeight:
         self.manager_id = layer.offloader.manager.id()
         self.handle = None  # the host copy (set by offload_layers; the parameter's data after it)
         self.version = None  # the parameter's version once its data is the host copy
-        self.source = weight_tokens.WeightSource(param.dtype, self.restore, layer.on_backward_fetch)
+        self.kept = None  # the device copy its layer keeps (keep_layers_that_fit), else None
+        self.source = weight_tokens.WeightSource(param.dtype, self.device_copy, layer.on_backward_fetch)
 
     def restore(self) -> torch.Tensor:
+        """A fresh device copy of the host copy."""
         return offload_restore(self.handle, self.device, self.manager_id)
+
+    def device_copy(self) -> torch.Tensor:
+        """The copy to compute with: the kept one, else a fresh one."""
+        return self.kept if self.kept is not None else self.restore()
 
     def holds_its_values(self, device_copy: torch.Tensor) -> bool:
         """Whether `device_copy`, whose version moved during the forward, still holds this weight's
@@ -75,9 +83,9 @@ class _FrozenWeight:
     def copy_for(self, layer: "_Layer", manager, memo: dict) -> "_FrozenWeight":
         """This weight in a deep copy of the model, saved to the copy's `manager`: copy.deepcopy
         gave the copy's Parameter a plain host tensor (a clone of our host copy), not a handle."""
-        new = copy_attributes(self, memo, {"source": lambda: None, "handle": lambda: None})
+        new = copy_attributes(self, memo, {"source": lambda: None, "handle": lambda: None, "kept": lambda: None})
         new.manager_id = manager.id()
-        new.source = weight_tokens.WeightSource(new.param.dtype, new.restore, layer.on_backward_fetch)
+        new.source = weight_tokens.WeightSource(new.param.dtype, new.device_copy, layer.on_backward_fetch)
         new.handle = offload_save(new.param.detach(), new.manager_id)
         return new
 
@@ -125,6 +133,7 @@ class _Layer:
                 seen.add(id(p))
                 qualified = ".".join(part for part in (name, module_name, pname) if part)
                 self.weights.append(_FrozenWeight(module, pname, p, qualified, self))
+        self.frozen_bytes = sum(w.param.numel() * w.param.element_size() for w in self.weights)
 
     def __deepcopy__(self, memo):
         # The copy's weights go to the copy of our manager (fresh, same configuration).
@@ -157,7 +166,18 @@ class _Layer:
 
     def prefetch(self) -> None:
         for w in self.weights:
-            self.offloader.manager.prefetch(w.handle, w.device)
+            if w.kept is None:
+                self.offloader.manager.prefetch(w.handle, w.device)
+
+    def keep(self) -> None:
+        """From now on this layer's device copies stay (made now: see kept_layers.py)."""
+        for w in self.weights:
+            if w.kept is None:
+                w.kept = w.restore()
+
+    def drop_kept(self) -> None:
+        for w in self.weights:
+            w.kept = None
 
     def on_backward_fetch(self) -> None:
         # First weight of this layer fetched by a backward pass: prefetch the layer before it.
@@ -173,15 +193,26 @@ class LayerOffloadHandle(UndoStack):
 
     _pickled_what = "its frozen-weight offloading (offload_layers)"
 
-    def __init__(self, model: nn.Module, manager):
+    def __init__(self, model: nn.Module, manager, kept: Optional[KeptLayers] = None):
         super().__init__()
         self.model = model
         self.manager = manager
         self.layers: List[_Layer] = []
+        self.kept = kept  # which layers keep their device copies (None: none ever do)
         self._scopes = HookScopes()  # the weight hooks entered per model call
 
     def stats(self) -> dict:
         return dict(self.manager.stats())
+
+    @property
+    def kept_layers(self) -> List[int]:
+        """The indices of the layers whose device copies stay on the GPU now (keep_layers_that_fit)."""
+        return [layer.index for layer in self.layers if layer.weights and layer.weights[0].kept is not None]
+
+    def _at_step_start(self, args, kwargs) -> None:
+        x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        if x is not None and self.layers[0].weights:
+            self.kept.at_step_start(self.layers, x.numel(), self.layers[0].weights[0].device)
 
     @property
     def offloaded_bytes(self) -> int:
@@ -201,6 +232,7 @@ class LayerOffloadHandle(UndoStack):
             for w in layer.weights:
                 w.param.data = w.restore()
                 w.handle = None
+                w.kept = None
         self.layers = []
 
     # Outermost saved-tensor hooks for the whole model call: weights saved anywhere that no inner
@@ -223,6 +255,9 @@ class _WeightsOnDevice(ForwardWrapper):
         layer = self.layer
         layer.check()
         offloader = layer.offloader
+        in_backward = torch._C._current_graph_task_id() != -1
+        if layer.index == 0 and offloader.kept is not None and not in_backward:
+            offloader._at_step_start(args, kwargs)
         installed = []  # (device copy, its version when installed)
         # Backward starts with the last layer again: its forward prefetches it. The next forward
         # starts with the first layer: its recompute, the last of backward, prefetches it, so that
@@ -230,11 +265,11 @@ class _WeightsOnDevice(ForwardWrapper):
         prefetch_self = False
         try:
             for w in layer.weights:
-                device_copy = nn.Parameter(w.restore(), requires_grad=False)
+                device_copy = nn.Parameter(w.device_copy(), requires_grad=False)
                 weight_tokens.install(device_copy, w.source)
                 w.module._parameters[w.name] = device_copy
                 installed.append((device_copy, device_copy._version))
-            if torch._C._current_graph_task_id() != -1:  # a recompute in backward: going down
+            if in_backward:  # a recompute: going down
                 offloader.prefetch_layer(layer.index - 1)
                 prefetch_self = layer.index == 0
             else:
@@ -298,6 +333,7 @@ def offload_layers(
     host_budget_bytes: int = 0,
     node_host_budget_bytes: int = 0,
     max_in_flight: int = MANAGER_DEFAULTS.max_in_flight,
+    keep_layers_that_fit: bool = False,
 ) -> LayerOffloadHandle:
     """Keeps the frozen parameters of each layer in (pinned) host memory; see the module docstring.
 
@@ -307,7 +343,9 @@ def offload_layers(
     not fit in available host memory or in `host_budget_bytes` (or this rank's share of
     `node_host_budget_bytes`, see node_budget.py), leaving the model unchanged. Blocks without any
     frozen parameter leave nothing to offload: a NothingOffloadedWarning says so.
-    Returns a LayerOffloadHandle (stats(), offloaded_bytes, remove()).
+    `keep_layers_that_fit`: from the second step at each input size, the layers whose weights fit in
+    the GPU memory the first step left keep their device copies (kept_layers.py); on a CUDA device only.
+    Returns a LayerOffloadHandle (stats(), offloaded_bytes, kept_layers, remove()).
     """
     blocks = list(layers) if layers is not None else find_blocks(model)
     if not blocks:
@@ -328,7 +366,7 @@ def offload_layers(
         manager = OffloadManager(max_in_flight=max_in_flight, prefetch_depth=0,
                                  host_budget_bytes=host_budget_bytes,
                                  node_host_budget_bytes=node_host_budget_bytes)
-    handle = LayerOffloadHandle(model, manager)
+    handle = LayerOffloadHandle(model, manager, KeptLayers() if keep_layers_that_fit else None)
     handle.layers = [_Layer(b, i, names.get(id(b), ""), handle) for i, b in enumerate(blocks)]
     weights = [w for layer in handle.layers for w in layer.weights]
     if not weights:

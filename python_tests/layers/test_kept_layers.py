@@ -1,0 +1,119 @@
+"""keep_layers_that_fit: after the first step at an input size, the layers whose frozen weights fit
+in the room that step left keep their device copies; training still gives plain training's losses
+and gradients bit for bit (fp32), and a larger input drops every kept copy before it runs."""
+import copy
+
+import pytest
+import torch
+
+import torch_offload
+from torch_offload.config.errors import OptionTypeError
+from torch_offload.layers.kept_layers import KeptLayers, device_room
+from python_tests.support.devices import DEVICES, cuda_only
+from python_tests.support.llama import _freeze_layer_weights, _llama_step, _steps_match_plain, _tiny_llama
+
+pytestmark = pytest.mark.usefixtures("save_hooks")
+
+
+def _offloaded(device, room_layers=None):
+    """A tiny Llama with its layers' weights frozen (the norms train) and a copy of it with layer
+    offloading keeping what fits; `room_layers`: the room the policy sees, in layers (None: as
+    measured on the device)."""
+    plain = _freeze_layer_weights(_tiny_llama(device, dropout=0.0))
+    ours = copy.deepcopy(plain)
+    handle = torch_offload.apply(ours, "hidden_states", layer_offloading={"keep_layers_that_fit": True})
+    if room_layers is not None:
+        per_layer = handle.layers.layers[0].frozen_bytes
+        handle.layers.kept.room = lambda device, allocated_at_start: room_layers * per_layer
+    return plain, ours, handle
+
+
+def _restores(handle) -> float:
+    return handle.layers.stats()["restores"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layers_that_fit_stay_after_the_first_step_and_train_as_plain(device):
+    plain, ours, handle = _offloaded(device, room_layers=2)
+    seen = []
+    _steps_match_plain(ours, plain, device, steps=4, after_step=lambda: seen.append(handle.layers.kept_layers))
+    # The first step measures with every layer offloaded; the second keeps the two that fit.
+    assert seen == [[], [0, 1], [0, 1], [0, 1]]
+    before = _restores(handle)
+    ids = torch.randint(0, 256, (2, 32), device=device)
+    _llama_step(ours, ids, device)
+    # Only the third layer's weights are copied: in its forward and in its recompute.
+    assert _restores(handle) - before == 2 * len(handle.layers.layers[2].weights)
+    for layer in handle.layers.layers[:2]:
+        assert all(w.param.device.type == "cpu" for w in layer.weights)  # the parameters stay on the host
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_larger_input_drops_the_kept_copies_and_measures_again(device):
+    plain, ours, handle = _offloaded(device, room_layers=3)
+    _steps_match_plain(ours, plain, device, steps=2)
+    assert handle.layers.kept_layers == [0, 1, 2]
+    kept_during = []
+    handle.layers.layers[0].block.register_forward_hook(lambda *_: kept_during.append(handle.layers.kept_layers))
+    _steps_match_plain(ours, plain, device, steps=2, shape=(2, 64))
+    # Inside the first longer step nothing is kept; the next one keeps what fits again.
+    assert kept_during[0] == [] and handle.layers.kept_layers == [0, 1, 2]
+    # A shorter input keeps what was kept.
+    _steps_match_plain(ours, plain, device, steps=1, shape=(2, 16))
+    assert handle.layers.kept_layers == [0, 1, 2]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_room_keeps_nothing(device):
+    plain, ours, handle = _offloaded(device, room_layers=0)
+    _steps_match_plain(ours, plain, device, steps=3)
+    assert handle.layers.kept_layers == []
+
+
+def test_remove_gives_back_the_weights_exactly_and_drops_the_kept_copies():
+    plain, ours, handle = _offloaded("cpu", room_layers=3)
+    _steps_match_plain(ours, plain, "cpu", steps=2)
+    layers = handle.layers.layers
+    handle.remove()
+    assert all(w.kept is None for layer in layers for w in layer.weights)
+    for (name, p), q in zip(ours.named_parameters(), plain.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_a_deep_copy_starts_offloaded_and_measures_its_own_steps():
+    plain, ours, handle = _offloaded("cpu", room_layers=3)
+    _steps_match_plain(ours, plain, "cpu", steps=2)
+    twin = copy.deepcopy(ours)
+    twin_layers = twin.model.layers[0]._torch_offload_layer
+    assert twin_layers is not handle.layers and twin_layers.kept_layers == []
+    assert isinstance(twin_layers.kept, KeptLayers) and twin_layers.kept.largest_size == 0
+    _steps_match_plain(twin, plain, "cpu", steps=2)
+    assert twin_layers.kept_layers == [0, 1, 2]
+
+
+def test_long_context_keeps_what_fits_and_says_so_layer_offloading_alone_does_not():
+    model = _freeze_layer_weights(_tiny_llama("cpu", dropout=0.0))
+    handle = torch_offload.apply(copy.deepcopy(model), long_context=True)
+    assert handle.layers.kept is not None
+    assert "keep_layers_that_fit" in handle.explain()
+    assert torch_offload.apply(model, "hidden_states", layer_offloading=True).layers.kept is None
+
+
+def test_keep_layers_that_fit_must_be_a_bool():
+    with pytest.raises(OptionTypeError, match="keep_layers_that_fit"):
+        torch_offload.LayerOffloadingOptions(keep_layers_that_fit="yes")
+
+
+def test_the_room_off_cuda_is_none():
+    assert device_room(torch.device("cpu"), 0) == 0
+
+
+@cuda_only
+def test_on_an_idle_gpu_every_layer_of_a_small_model_stays_and_nothing_is_copied():
+    plain, ours, handle = _offloaded("cuda")
+    assert device_room(torch.device("cuda"), torch.cuda.memory_allocated()) > 0
+    _steps_match_plain(ours, plain, "cuda", steps=2)
+    assert handle.layers.kept_layers == [0, 1, 2]
+    before = _restores(handle)
+    _llama_step(ours, torch.randint(0, 256, (2, 32), device="cuda"), "cuda")
+    assert _restores(handle) == before
