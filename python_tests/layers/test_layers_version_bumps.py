@@ -9,6 +9,7 @@ import torch
 from torch.nn.utils import parametrize
 
 import torch_offload
+from torch_offload.hooks import weight_tokens
 from python_tests.support.llama import _freeze_layer_weights, _steps_match_plain, _tiny_llama
 
 IDS_SHAPE = (2, 32)
@@ -95,5 +96,8 @@ def test_a_real_change_during_the_forward_is_still_an_error(change):
     with pytest.raises(RuntimeError, match=r"model\.layers\.1\.mlp\.up_proj\.weight was modified in place during "
                                            "the forward"):
         model(input_ids=ids, labels=ids)
+    # Nothing stays registered as a weight, not even the address the set_() left behind: a later
+    # tensor allocated there would be saved as this weight.
+    assert not weight_tokens.installed()
     host = model.model.layers[1].mlp.up_proj.weight
     assert torch.equal(host.view(torch.int32), host_before.view(torch.int32)), "the host weight was kept"

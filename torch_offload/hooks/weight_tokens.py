@@ -56,17 +56,25 @@ class WeightToken:
         return self.source.fetch().as_strided(self.size, self.stride, self.offset)
 
 
-def install(copy: torch.Tensor, source: WeightSource) -> None:
+def install(copy: torch.Tensor, source: WeightSource) -> Optional[int]:
+    """Registers `copy`'s storage as `source`'s; returns the key to uninstall it by (None: nothing
+    registered, an empty copy)."""
+    key = None
     if copy.numel() > 0:
+        key = copy.untyped_storage().data_ptr()
         with _lock:
-            _installed[copy.untyped_storage().data_ptr()] = source
+            _installed[key] = source
     source.remember(copy)
+    return key
 
 
-def uninstall(copy: torch.Tensor) -> None:
-    if copy.numel() > 0:
+def uninstall(key: Optional[int]) -> None:
+    """Removes what install() registered under `key`. By the key, not the copy: a forward that set_()s
+    the parameter to other storage must not leave the old address registered, where a later tensor
+    allocated there would be packed as this weight."""
+    if key is not None:
         with _lock:
-            _installed.pop(copy.untyped_storage().data_ptr(), None)
+            _installed.pop(key, None)
 
 
 def registry() -> dict:

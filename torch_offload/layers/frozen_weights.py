@@ -258,7 +258,7 @@ class _WeightsOnDevice(ForwardWrapper):
         in_backward = torch._C._current_graph_task_id() != -1
         if layer.index == 0 and offloader.kept is not None and not in_backward:
             offloader._at_step_start(args, kwargs)
-        installed = []  # (device copy, its version when installed)
+        installed = []  # (device copy, its version when installed, its registry key)
         # Backward starts with the last layer again: its forward prefetches it. The next forward
         # starts with the first layer: its recompute, the last of backward, prefetches it, so that
         # no step starts by waiting for the first layer's weights.
@@ -266,9 +266,9 @@ class _WeightsOnDevice(ForwardWrapper):
         try:
             for w in layer.weights:
                 device_copy = nn.Parameter(w.device_copy(), requires_grad=False)
-                weight_tokens.install(device_copy, w.source)
+                key = weight_tokens.install(device_copy, w.source)
+                installed.append((device_copy, device_copy._version, key))
                 w.module._parameters[w.name] = device_copy
-                installed.append((device_copy, device_copy._version))
             if in_backward:  # a recompute: going down
                 offloader.prefetch_layer(layer.index - 1)
                 prefetch_self = layer.index == 0
@@ -279,10 +279,10 @@ class _WeightsOnDevice(ForwardWrapper):
                 layer.prefetch()
             output = self.run(*args, **kwargs)
         finally:
-            for w, (device_copy, _) in zip(layer.weights, installed):
-                weight_tokens.uninstall(device_copy)
+            for w, (_, _, key) in zip(layer.weights, installed):
+                weight_tokens.uninstall(key)
                 w.module._parameters[w.name] = w.param
-        moved = [(w, device_copy) for w, (device_copy, version) in zip(layer.weights, installed)
+        moved = [(w, device_copy) for w, (device_copy, version, _) in zip(layer.weights, installed)
                  if device_copy._version != version]
         for w, device_copy in moved:
             if not w.holds_its_values(device_copy):
