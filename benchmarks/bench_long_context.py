@@ -80,8 +80,8 @@ from torch_offload._library.node_budget import host_memory_bytes  # noqa: E402
 from benchmarks.common import (GB, LLAMA3_8B, add_run_args, build_llama, finish_run_args, log,  # noqa: E402
                                longest_fitting, new_result, output_dir, release_memory, table, timed_steps)
 
-VARIANTS = ("ckpt", "ckpt_liger", "ckpt_chunked", "hf_offload", "hf_offload_liger", "ours", "ours_every_layer_offloaded",
-            "ours_weights_on_gpu", "ours_untiled", "ours_loss_grads_in_backward")
+VARIANTS = ("ckpt", "ckpt_liger", "ckpt_chunked", "hf_offload", "hf_offload_liger", "ours",
+            "ours_every_layer_offloaded", "ours_weights_on_gpu", "ours_untiled", "ours_loss_grads_in_backward")
 CHECKPOINTED = ("ckpt", "ckpt_liger", "ckpt_chunked", "hf_offload", "hf_offload_liger")  # transformers' checkpointing
 LIGER_VARIANTS = ("ckpt_liger", "hf_offload_liger")
 FULL_LOGITS = ("ckpt", "hf_offload")  # the others' loss never materialises the logits of the whole sequence

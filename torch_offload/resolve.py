@@ -62,7 +62,7 @@ def resolve(config: OffloadConfig, model: nn.Module, blocks: Optional[List[nn.Mo
     notes = [Note("activation mode", str(config.mode_name), "as given (mode=)" if mode_given else
                   "the default: every block's input in host memory, the least GPU memory of the modes that "
                   "recompute")]
-    layers = _layer_offloading(config.layer_offloading, blocks, notes)
+    layers = _layer_offloading(config.layer_offloading, blocks, config.mode_name, notes)
     loss = _chunked_loss(config.chunked_loss, model, notes)
     activations = _host_budget(config.activations, manager, _frozen_bytes(blocks) if layers else 0, notes)
     tiling = _tiling(config.tiling, config.long_context.tile_tokens, model, blocks, notes)
@@ -75,7 +75,7 @@ def _frozen_bytes(blocks) -> int:
     return sum(p.numel() * p.element_size() for p in frozen.values())
 
 
-def _layer_offloading(given, blocks, notes: List[Note]):
+def _layer_offloading(given, blocks, mode_name: Optional[str], notes: List[Note]):
     if given is not None:
         notes.append(Note("layer offloading", "on" if given else "off", "as given (layer_offloading=)"))
         return given
@@ -89,10 +89,17 @@ def _layer_offloading(given, blocks, notes: List[Note]):
                           "weights; layer offloading moves whole weights (fully_shard's CPUOffloadPolicy keeps "
                           "the shards in host memory instead)"))
         return False
-    notes.append(Note("layer offloading", "on", f"{size / GIB:.2f} GiB of frozen weights in {len(blocks)} blocks "
-                      "live in host memory and visit the GPU while their block runs; from the second step at "
-                      "each input size, the blocks whose weights fit in the GPU memory the first step left keep "
-                      "them there (keep_layers_that_fit; handle.layers.kept_layers lists them)"))
+    placed = (f"{size / GIB:.2f} GiB of frozen weights in {len(blocks)} blocks live in host memory and visit the "
+              "GPU while their block runs")
+    if mode_name == "auto":
+        # auto's trials compare the candidates' peaks: weights that stay from the second step on
+        # would land inside the trials, and a later candidate's higher peak beside them could fail.
+        notes.append(Note("layer offloading", "on", f"{placed}; every block at every step: mode 'auto' measures "
+                          "its candidates' peaks, which kept weights would change between trials"))
+        return LayerOffloadingOptions()
+    notes.append(Note("layer offloading", "on", f"{placed}; from the second step at each input size, the blocks "
+                      "whose weights fit in the GPU memory the first step left keep them there "
+                      "(keep_layers_that_fit; handle.layers.kept_layers lists them)"))
     return LayerOffloadingOptions(keep_layers_that_fit=True)
 
 

@@ -99,6 +99,12 @@ def test_long_context_keeps_what_fits_and_says_so_layer_offloading_alone_does_no
     assert torch_offload.apply(model, "hidden_states", layer_offloading=True).layers.kept is None
 
 
+def test_long_context_with_auto_offloads_every_layer_and_says_why():
+    model = _freeze_layer_weights(_tiny_llama("cpu", dropout=0.0))
+    handle = torch_offload.apply(model, "auto", long_context=True)
+    assert handle.layers.kept is None and "measures its candidates' peaks" in handle.explain()
+
+
 def test_keep_layers_that_fit_must_be_a_bool():
     with pytest.raises(OptionTypeError, match="keep_layers_that_fit"):
         torch_offload.LayerOffloadingOptions(keep_layers_that_fit="yes")
