@@ -216,7 +216,7 @@ class LayerOffloadHandle(UndoStack):
 
     @property
     def offloaded_bytes(self) -> int:
-        return sum(w.param.numel() * w.param.element_size() for layer in self.layers for w in layer.weights)
+        return sum(layer.frozen_bytes for layer in self.layers)
 
     def prefetch_layer(self, index: int) -> None:
         if 0 <= index < len(self.layers):
