@@ -70,6 +70,21 @@ def test_no_room_keeps_nothing(device):
     assert handle.layers.kept_layers == []
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_first_layer_that_trains_whole_still_lets_the_later_layers_be_kept(device):
+    plain = _freeze_layer_weights(_tiny_llama(device, dropout=0.0))
+    for p in plain.model.layers[0].parameters():
+        p.requires_grad_(True)
+    ours = copy.deepcopy(plain)
+    handle = torch_offload.apply(ours, "hidden_states", layer_offloading={"keep_layers_that_fit": True})
+    layers = handle.layers.layers
+    assert layers[0].weights == [] and layers[0].frozen_bytes == 0
+    handle.layers.kept.room = lambda device, allocated_at_start: 2 * layers[1].frozen_bytes
+    seen = []
+    _steps_match_plain(ours, plain, device, steps=3, after_step=lambda: seen.append(handle.layers.kept_layers))
+    assert seen == [[], [1, 2], [1, 2]]
+
+
 def test_remove_gives_back_the_weights_exactly_and_drops_the_kept_copies():
     plain, ours, handle = _offloaded("cpu", room_layers=3)
     _steps_match_plain(ours, plain, "cpu", steps=2)

@@ -211,8 +211,11 @@ class LayerOffloadHandle(UndoStack):
 
     def _at_step_start(self, args, kwargs) -> None:
         x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-        if x is not None and self.layers[0].weights:
-            self.kept.at_step_start(self.layers, x.numel(), self.layers[0].weights[0].device)
+        # The room is measured on the device of the first frozen weight, whichever layer holds it:
+        # a first layer that trains whole still starts the step.
+        weight = next((w for layer in self.layers for w in layer.weights), None)
+        if x is not None and weight is not None:
+            self.kept.at_step_start(self.layers, x.numel(), weight.device)
 
     @property
     def offloaded_bytes(self) -> int:
