@@ -28,7 +28,9 @@ ckpt_compiled, freed = peak(ckpt_compiled) - peak(variant).
 Compile times are comparable between variants: before the first variant a small function is compiled
 (inductor's compile workers and Triton start once, outside every variant's time), and each variant
 compiles from empty caches (its own inductor and Triton cache directories, caches force-disabled), so
-no variant reuses kernels another compiled.
+no variant reuses kernels another compiled. With --compile-cache DIR the runs share the caches in DIR
+instead: a process that compiles what an earlier one did (a later round of benchmarks/rounds.py)
+takes its kernels from there, and compile times are then not comparable (left out of the results).
 
 With --noise-seq N, each variant's gradients at N tokens are first compared with eager checkpointing's
 (relative L2 error), beside the noise floor of eager checkpointing against itself and against no
@@ -37,6 +39,9 @@ checkpointing.
 Writes <out>/compile_<gpu>.json and .md (without --out, into a new temporary folder).
 
 GPU:       python3 benchmarks/bench_compile.py --out DIR
+Rounds:    python3 benchmarks/rounds.py --rounds 3 --baseline ckpt_compiled --out DIR -- python3 \\
+               benchmarks/bench_compile.py --seqs 16384 --variants ckpt_compiled,ours_compiled --steps 2 \\
+               --compile-cache /tmp/bench_compile_cache   (later rounds reuse round 1's compiled graphs)
 CPU smoke: python benchmarks/bench_compile.py --device cpu --tiny --out DIR
 """
 import argparse
@@ -72,6 +77,9 @@ def parse_args():
     p.add_argument("--min-bytes", type=int, default=None,
                    help="selective / all: smallest saved tensor ours offloads (default: the mode's own; 0 with "
                         "--tiny, whose are smaller); hidden_states offloads every checkpoint input")
+    p.add_argument("--compile-cache", default="",
+                   help="a directory for inductor's and Triton's caches, shared by every run and process given it "
+                        "(for repeated runs, e.g. under rounds.py): compile times are then left out")
     args = finish_run_args(p.parse_args(), REFERENCE, tiny_shape=TINY, tiny_seqs="64")
     if args.min_bytes is None and args.tiny:
         args.min_bytes = 0
@@ -110,18 +118,20 @@ def build(variant, model, min_bytes=None):
 
 
 @contextlib.contextmanager
-def cold_caches():
-    """Empty inductor and Triton caches for one variant: a fresh directory for both (inductor's
-    compile workers take the two variables with each task), and inductor's caches force-disabled."""
+def compile_caches(shared: str = ""):
+    """Inductor's and Triton's caches for one variant. By default empty: a fresh directory for both
+    (inductor's compile workers take the two variables with each task), and inductor's caches
+    force-disabled. With `shared`, that directory, caches on: what an earlier run compiled is reused."""
     from torch._inductor.utils import clear_caches
 
     saved = {name: os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    with tempfile.TemporaryDirectory(prefix="bench_compile_cache_") as directory:
+    with contextlib.ExitStack() as stack:
+        directory = shared or stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_compile_cache_"))
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
         os.environ["TRITON_CACHE_DIR"] = os.path.join(directory, "triton")
         clear_caches()
         try:
-            with torch.compiler.config.patch(force_disable_caches=True):
+            with torch.compiler.config.patch(force_disable_caches=not shared):
                 yield
         finally:
             clear_caches()
@@ -135,7 +145,7 @@ def cold_caches():
 def warm_compiler(device):
     """Compiles a small function (forward and backward) once, so that starting inductor's compile
     workers and Triton is not counted in the first variant's compile time."""
-    with cold_caches():
+    with compile_caches():
         x = torch.randn(64, 64, device=device, requires_grad=True)
         torch.compile(lambda t: (t @ t).sin().sum(), fullgraph=True)(x).backward()
     torch._dynamo.reset()
@@ -146,7 +156,7 @@ def run(args, variant, seq):
     model = build_llama(args.config, args.device, seq)
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
     step_model, patch = build(variant, model, args.min_bytes)
-    with patch, cold_caches():
+    with patch, compile_caches(args.compile_cache):
         return measure(args, variant, seq, model, step_model, ids)
 
 
@@ -171,7 +181,8 @@ def measure(args, variant, seq, model, step_model, ids):
         if manager is not None:
             manager.reset_stats()
         row.update(timed_steps(step, args.steps, seq, args.device))
-        row["compile_s"] = first - row["step_s"]
+        if not args.compile_cache:  # with shared caches, a compile time says what was cached before
+            row["compile_s"] = first - row["step_s"]
         if variant in args.timeline.split(",") and args.device == "cuda":
             baseline = torch.cuda.memory_allocated()
             torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
@@ -180,7 +191,8 @@ def measure(args, variant, seq, model, step_model, ids):
             torch.cuda.memory._record_memory_history(enabled=None)
         if manager is not None:
             stats = dict(manager.stats())
-            row["offloaded_per_graph"] = [len(n) for n in step_model.offload_partitioner.offloaded]
+            if step_model.offload_partitioner.graphs:  # graphs loaded from a cache were not partitioned here
+                row["offloaded_per_graph"] = [len(n) for n in step_model.offload_partitioner.offloaded]
             row["d2h_GB_per_step"] = stats["bytes_to_host"] / args.steps / GB
             row["compute_wait_ms_per_step"] = stats["compute_wait_ms"] / args.steps
             row["prefetch_hits"] = stats["prefetch_hits"]
@@ -257,8 +269,9 @@ def summarise(config, seq, rows) -> list:
         if variant == ref_name or "step_s" not in row or "step_s" not in ref:
             continue
         s = {"seq": seq, "variant": variant, "against": ref_name, "boundary_GB": boundary,
-             "speed_ratio": ref["step_s"] / row["step_s"],
-             "compile_ratio": row["compile_s"] / ref["compile_s"]}
+             "speed_ratio": ref["step_s"] / row["step_s"]}
+        if "compile_s" in row and "compile_s" in ref:
+            s["compile_ratio"] = row["compile_s"] / ref["compile_s"]
         if "peak_allocated_GB" in ref and "peak_allocated_GB" in row:
             s["freed_GB"] = ref["peak_allocated_GB"] - row["peak_allocated_GB"]
             s["freed_fraction"] = s["freed_GB"] / boundary

@@ -369,6 +369,26 @@ def test_bench_compile_cpu_smoke(tmp_path):
     assert "Gradients at seq 32" in (tmp_path / "compile_cpu.md").read_text()
 
 
+def test_bench_compile_shared_cache_reuses_the_compiled_graphs_which_still_offload(tmp_path):
+    # --compile-cache: the second process takes ours' compiled graphs from the first one's caches
+    # (nothing is partitioned in it), they still offload, and no compile time is reported.
+    cache = tmp_path / "cache"
+    runs = []
+    for index in range(2):
+        out = tmp_path / f"run{index}"
+        run = subprocess.run([sys.executable, "benchmarks/bench_compile.py", "--device", "cpu", "--tiny", "--seqs",
+                              "32", "--steps", "1", "--variants", "ours_compiled", "--compile-cache", str(cache),
+                              "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=900)
+        assert run.returncode == 0, run.stderr[-3000:]
+        (row,) = json.loads((out / "compile_cpu.json").read_text())["runs"]
+        runs.append(row)
+    assert any(cache.iterdir())
+    first, second = runs
+    assert first["offloaded_per_graph"][0] >= 2 and "offloaded_per_graph" not in second
+    assert second["d2h_GB_per_step"] == first["d2h_GB_per_step"] > 0
+    assert "compile_s" not in first and "compile_s" not in second
+
+
 def test_rounds_runs_each_variant_in_its_own_process_in_alternated_order(tmp_path):
     # benchmarks/rounds.py around a benchmark: one process per variant and round, the order reversed
     # in the second round, and each round's ratio against the baseline of the same round.
