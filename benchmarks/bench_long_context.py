@@ -53,12 +53,13 @@ long_context.png); without --out, into a new temporary folder.
 
 GPU:       python3 benchmarks/bench_long_context.py --longest --variants ckpt,hf_offload --seqs "" \\
                --deadline-s 420 --out DIR
-           ours against the strongest baseline, one H200, about 480-570 s: 10 runs, each a fresh model
-           (20-30 s) and 2 steps (~7 s at 32K, ~18 s at 64K); no run starts after 480 s. Without
-           network, Liger from its wheel (carried in .gpu/wheels):
-           pip install --no-deps --no-index .gpu/wheels/liger_kernel-0.8.5-py3-none-any.whl && \\
-           python3 benchmarks/bench_long_context.py --variants ckpt_liger,ours --seqs 32768,65536 \\
-               --rounds 3,2 --warmup 1 --steps 1 --deadline-s 480 --out DIR
+           ours against the strongest baseline at 64K, one H200, about 490 s: 6 runs, each a fresh model
+           (20-30 s) and 3 steps of ~18 s (two warm-up: ours keeps the layers that fit from its second
+           step); no run starts after 440 s. Without
+           network, Liger from a downloaded wheel (pip download liger-kernel==0.8.5 --no-deps -d WHEELS):
+           pip install --no-deps --no-index WHEELS/liger_kernel-0.8.5-py3-none-any.whl && \\
+           python3 benchmarks/bench_long_context.py --variants ckpt_liger,ours --seqs 65536 \\
+               --rounds 3 --warmup 2 --steps 1 --deadline-s 440 --out DIR
            python3 benchmarks/bench_long_context.py --variants ours --seqs 262144 --warmup 0 --steps 1 --out DIR
 CPU smoke: python benchmarks/bench_long_context.py --device cpu --tiny --longest --out DIR
 """
