@@ -8,7 +8,7 @@ import torch
 
 import torch_offload
 from torch_offload.config.errors import OptionTypeError
-from torch_offload.layers.kept_layers import KeptLayers, device_room
+from torch_offload.layers.kept_layers import KeptLayers, StepStart, device_room, step_start
 from python_tests.support.devices import DEVICES, cuda_only
 from python_tests.support.llama import _freeze_layer_weights, _llama_step, _steps_match_plain, _tiny_llama
 
@@ -24,7 +24,7 @@ def _offloaded(device, room_layers=None):
     handle = torch_offload.apply(ours, "hidden_states", layer_offloading={"keep_layers_that_fit": True})
     if room_layers is not None:
         per_layer = handle.layers.layers[0].frozen_bytes
-        handle.layers.kept.room = lambda device, allocated_at_start: room_layers * per_layer
+        handle.layers.kept.room = lambda device, start: room_layers * per_layer
     return plain, ours, handle
 
 
@@ -79,7 +79,7 @@ def test_a_first_layer_that_trains_whole_still_lets_the_later_layers_be_kept(dev
     handle = torch_offload.apply(ours, "hidden_states", layer_offloading={"keep_layers_that_fit": True})
     layers = handle.layers.layers
     assert layers[0].weights == [] and layers[0].frozen_bytes == 0
-    handle.layers.kept.room = lambda device, allocated_at_start: 2 * layers[1].frozen_bytes
+    handle.layers.kept.room = lambda device, start: 2 * layers[1].frozen_bytes
     seen = []
     _steps_match_plain(ours, plain, device, steps=3, after_step=lambda: seen.append(handle.layers.kept_layers))
     assert seen == [[], [1, 2], [1, 2]]
@@ -126,13 +126,59 @@ def test_keep_layers_that_fit_must_be_a_bool():
 
 
 def test_the_room_off_cuda_is_none():
-    assert device_room(torch.device("cpu"), 0) == 0
+    assert device_room(torch.device("cpu"), StepStart(0, 0)) == 0
+
+
+GB = 1 << 30
+
+
+@pytest.mark.parametrize("held_at_peak, device_frees, room", [
+    (30 * GB, 7, 14 * GB),  # memory given back, the peak kept: 40 free + 10 held - 30 at the peak - 1 - 5
+    (10 * GB, 7, None),  # memory given back, then the peak reset: the step's peak is lost
+    (10 * GB, 5, 34 * GB),  # the peak reset, nothing given back: the cache still holds what the step needed
+])
+def test_the_room_is_unknown_when_the_peak_was_reset_after_memory_went_back_to_the_device(
+        monkeypatch, held_at_peak, device_frees, room):
+    # A 100 GB GPU (so the margin is 5 GB) with 40 GB free; the allocator holds 10 GB now, of which
+    # 1 GB more is allocated than when the measured step began.
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "mem_get_info", lambda device: (40 * GB, 100 * GB))
+    monkeypatch.setattr(cuda, "memory_reserved", lambda device: 10 * GB)
+    monkeypatch.setattr(cuda, "max_memory_reserved", lambda device: held_at_peak)
+    monkeypatch.setattr(cuda, "memory_allocated", lambda device: 9 * GB)
+    monkeypatch.setattr(cuda, "memory_stats", lambda device: {"num_device_free": device_frees})
+    assert device_room(torch.device("cuda"), StepStart(allocated=8 * GB, device_frees=5)) == room
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_unknown_room_measures_the_next_step_instead(device):
+    plain, ours, handle = _offloaded(device)
+    per_layer = handle.layers.layers[0].frozen_bytes
+    answers = iter([None, 2 * per_layer])
+    handle.layers.kept.room = lambda device, start: next(answers)
+    seen = []
+    _steps_match_plain(ours, plain, device, steps=4, after_step=lambda: seen.append(handle.layers.kept_layers))
+    assert seen == [[], [], [0, 1], [0, 1]]
+
+
+@cuda_only
+def test_emptying_the_cache_and_resetting_the_peak_after_the_first_step_defers_keeping():
+    plain, ours, handle = _offloaded("cuda")
+    _steps_match_plain(ours, plain, "cuda", steps=1)
+    frees = torch.cuda.memory_stats()["num_device_free"]
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_stats()["num_device_free"] > frees  # the step's cached memory went back
+    torch.cuda.reset_peak_memory_stats()
+    _steps_match_plain(ours, plain, "cuda", steps=1)
+    assert handle.layers.kept_layers == []  # the first step's peak was lost: the second one was measured
+    _steps_match_plain(ours, plain, "cuda", steps=1)
+    assert handle.layers.kept_layers == [0, 1, 2]
 
 
 @cuda_only
 def test_on_an_idle_gpu_every_layer_of_a_small_model_stays_and_nothing_is_copied():
     plain, ours, handle = _offloaded("cuda")
-    assert device_room(torch.device("cuda"), torch.cuda.memory_allocated()) > 0
+    assert device_room(torch.device("cuda"), step_start(torch.device("cuda"))) > 0
     _steps_match_plain(ours, plain, "cuda", steps=2)
     assert handle.layers.kept_layers == [0, 1, 2]
     before = _restores(handle)

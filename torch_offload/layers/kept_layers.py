@@ -13,10 +13,13 @@ stream (docs/performance.md, "Long context"). With keep_layers_that_fit:
   weights made there and then (before the step's activations, so the copies sit beside the model's
   own weights rather than between them), and keep it: their visits copy nothing;
 - a larger input drops every kept copy first, then measures again.
-The allocator's peak is never reset (it is the user's statistic), so a peak from earlier, larger
-work only makes the room smaller: the choice errs towards offloading.
+The allocator's peak is never reset here (it is the user's statistic), so a peak from earlier, larger
+work only makes the room smaller: the choice errs towards offloading. A user's reset of it after
+memory went back to the device (torch.cuda.empty_cache() then reset_peak_memory_stats(), between the
+two steps) hides the measured step's peak: the room then cannot be known, and the step after it is
+measured instead.
 """
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -25,33 +28,49 @@ MARGIN_BYTES = 2 << 30
 MARGIN_SHARE = 0.05
 
 
-def allocated_bytes(device: torch.device) -> int:
-    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+class StepStart(NamedTuple):
+    """The allocator's state when the measured step began."""
+    allocated: int  # bytes allocated
+    device_frees: int  # how many times the allocator had given memory back to the device
 
 
-def device_room(device: torch.device, allocated_at_start: int) -> int:
+def step_start(device: torch.device) -> StepStart:
+    if device.type != "cuda":
+        return StepStart(0, 0)
+    return StepStart(torch.cuda.memory_allocated(device), _device_frees(device))
+
+
+def _device_frees(device: torch.device) -> int:
+    return torch.cuda.memory_stats(device).get("num_device_free", 0)
+
+
+def device_room(device: torch.device, start: StepStart) -> Optional[int]:
     """Bytes more tensors may take on `device` without the next step needing more than the GPU has,
-    given what the measured step (begun with `allocated_at_start` bytes allocated) needed. Only a
-    CUDA device has a room to measure: elsewhere 0 (keep nothing)."""
+    given what the measured step (begun at `start`) needed; None when that step's peak is lost (see
+    the module docstring). Only a CUDA device has a room to measure: elsewhere 0 (keep nothing)."""
     if device.type != "cuda":
         return 0
     free, total = torch.cuda.mem_get_info(device)
     held_now = torch.cuda.memory_reserved(device)
     held_at_peak = torch.cuda.max_memory_reserved(device)
-    stayed = max(0, torch.cuda.memory_allocated(device) - allocated_at_start)
+    if held_at_peak <= held_now and _device_frees(device) != start.device_frees:
+        # Memory went back to the device during or after the step, yet nothing above what is held
+        # now was ever held: the peak was reset after the release.
+        return None
+    stayed = max(0, torch.cuda.memory_allocated(device) - start.allocated)
     margin = max(MARGIN_BYTES, int(MARGIN_SHARE * total))
     return free + held_now - held_at_peak - stayed - margin
 
 
 class KeptLayers:
     """Decides, at each step's first layer, which layers keep their device copies (see the module
-    docstring). `room(device, allocated_at_start)`: the bytes the kept copies may take (default:
-    device_room)."""
+    docstring). `room(device, start)`: the bytes the kept copies may take, None when unknown
+    (default: device_room)."""
 
-    def __init__(self, room: Optional[Callable[[torch.device, int], int]] = None):
+    def __init__(self, room: Optional[Callable[[torch.device, StepStart], Optional[int]]] = None):
         self.room = room or device_room
         self.largest_size = 0  # elements of the largest first-layer input seen
-        self._measuring_since: Optional[int] = None  # bytes allocated when the measured step began
+        self._measuring_since: Optional[StepStart] = None  # when the measured step began
 
     def __deepcopy__(self, memo):
         # A copy of the model starts offloaded and measures its own steps.
@@ -63,11 +82,14 @@ class KeptLayers:
             for layer in layers:
                 layer.drop_kept()
             self.largest_size = size
-            self._measuring_since = allocated_bytes(device)
+            self._measuring_since = step_start(device)
             return
         if self._measuring_since is None:
             return
         room = self.room(device, self._measuring_since)
+        if room is None:  # the measured step's peak is lost: this step is measured instead
+            self._measuring_since = step_start(device)
+            return
         self._measuring_since = None
         for layer in layers:
             if layer.frozen_bytes > room:
