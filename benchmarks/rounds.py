@@ -11,7 +11,10 @@ the baseline's, min / median / max. A ratio whose range holds 1.000 is "equal".
         --warmup 1 --steps 3
 
 Each run writes into DIR/round<R>/<variant>/; DIR/rounds.json holds the command, every run and the
-summary, DIR/rounds.md the table, both rewritten after every run.
+summary, DIR/rounds.md the table, both rewritten after every run. --resume continues a run that a
+time limit stopped: the rounds in DIR/rounds.json that every variant finished are kept, and the
+others (a round cut short included, so that a round's ratios never span two sittings) run again, up
+to --rounds.
 CPU smoke: python benchmarks/rounds.py --rounds 2 --baseline ckpt --out DIR -- python \\
            benchmarks/bench_selective.py --device cpu --tiny --variants ckpt,hidden --steps 1
 """
@@ -43,6 +46,27 @@ def variants_of(command: list) -> tuple:
 def orders(variants: list, rounds: int) -> list:
     """(round, variant) in run order: the given order in odd rounds, reversed in even ones."""
     return [(r, v) for r in range(1, rounds + 1) for v in (variants if r % 2 else variants[::-1])]
+
+
+def complete_rounds(runs: list, variants: list) -> set:
+    """The rounds in which every variant measured a step."""
+    done = {(r["round"], r["variant"]) for r in runs if "step_s" in r}
+    return {n for n, _ in done if all((n, v) in done for v in variants)}
+
+
+def earlier_rounds(out: Path, command: list, variants: list, rounds: int) -> tuple:
+    """(the kept runs, the kept failures, the rounds they cover) of an earlier run of the same
+    wrapped command in `out`, rounds 1 to `rounds`, for --resume; nothing when there is none."""
+    path = out / "rounds.json"
+    if not path.exists():
+        return [], [], set()
+    earlier = json.loads(path.read_text())
+    wrapped = earlier["command"].split(" -- ", 1)[1]
+    if wrapped != shlex.join(command):
+        raise SystemExit(f"rounds.py --resume: {path} holds rounds of another command: {wrapped}")
+    done = {n for n in complete_rounds(earlier["runs"], variants) if n <= rounds}
+    failed = [f for f in earlier["failed"] if int(f.split()[1]) in done]  # "round N variant: ..."
+    return [r for r in earlier["runs"] if r["round"] in done], failed, done
 
 
 def measured(run: dict) -> dict:
@@ -108,6 +132,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--baseline", required=True, help="the variant every ratio is taken against")
     p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rounds of --out/rounds.json that every variant finished, run the rest")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the benchmark's command")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -119,7 +145,15 @@ def main(argv=None):
     result = {"command": shlex.join(["python3", "benchmarks/rounds.py", "--rounds", str(args.rounds), "--baseline",
                                      args.baseline, "--out", "OUTDIR", "--", *command]),
               "rounds": args.rounds, "baseline": args.baseline, "runs": [], "failed": []}
+    done = set()
+    if args.resume:
+        result["runs"], result["failed"], done = earlier_rounds(args.out, command, variants, args.rounds)
+        result["rounds_kept_from_earlier"] = sorted(done)  # measured in an earlier sitting
+        print(f"resuming: rounds {sorted(done)} kept", flush=True)
+    text = write(result, args.out) if done else ""
     for round_number, variant in orders(variants, args.rounds):
+        if round_number in done:
+            continue
         out = args.out / f"round{round_number}" / variant
         out.mkdir(parents=True, exist_ok=True)
         run = subprocess.run([*rest, "--variants", variant, "--out", str(out)], text=True, capture_output=True)

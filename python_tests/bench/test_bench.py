@@ -409,6 +409,35 @@ def test_rounds_runs_each_variant_in_its_own_process_in_alternated_order(tmp_pat
     assert "| 64 | hidden | 2 |" in run.stdout and not result["failed"]
 
 
+def test_rounds_resume_keeps_the_finished_rounds_and_runs_a_round_cut_short_again(tmp_path):
+    wrapped = [sys.executable, "benchmarks/bench_selective.py", "--device", "cpu", "--tiny", "--seqs", "64",
+               "--variants", "ckpt,hidden", "--steps", "1", "--warmup", "0"]
+
+    def rounds(*extra):
+        return subprocess.run([sys.executable, "benchmarks/rounds.py", "--baseline", "ckpt", "--out", str(tmp_path),
+                               *extra, "--", *wrapped], capture_output=True, text=True, cwd=REPO, timeout=600)
+
+    assert rounds("--rounds", "1").returncode == 0
+    # As if a time limit stopped round 2 after its first variant:
+    path = tmp_path / "rounds.json"
+    first = json.loads(path.read_text())
+    path.write_text(json.dumps({**first, "runs": first["runs"] + [{**first["runs"][1], "round": 2}]}))
+    run = rounds("--rounds", "3", "--resume")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "resuming: rounds [1] kept" in run.stdout and "round 1 " not in run.stdout
+    result = json.loads(path.read_text())
+    assert result["runs"][:2] == first["runs"]  # round 1 as it was
+    assert [(r["round"], r["variant"]) for r in result["runs"][2:]] == [(2, "hidden"), (2, "ckpt"), (3, "ckpt"),
+                                                                        (3, "hidden")]
+    hidden = next(r for r in result["summary"] if r["variant"] == "hidden")
+    assert hidden["rounds"] == 3 and result["rounds"] == 3 and result["rounds_kept_from_earlier"] == [1]
+    other = [w if w != "ckpt,hidden" else "ckpt,all" for w in wrapped]
+    refused = subprocess.run([sys.executable, "benchmarks/rounds.py", "--baseline", "ckpt", "--out", str(tmp_path),
+                              "--resume", "--", *other], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert refused.returncode != 0 and "holds rounds of another command" in refused.stderr
+    assert json.loads(path.read_text()) == result  # left as it was
+
+
 def test_rounds_reports_a_variant_that_fails_and_refuses_a_missing_baseline(tmp_path):
     wrapped = [sys.executable, "benchmarks/bench_selective.py", "--device", "cpu", "--tiny", "--seqs", "64",
                "--steps", "1", "--warmup", "0"]
