@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Interleaved rounds of any benchmark script that takes --variants and --out and writes a JSON with
-its "runs": every variant in its own process (a fresh model, nothing left from another variant), the
-variants' order reversed every other round, so that drift of the machine and the position in a round
-fall on all of them alike. Per length and variant: step time min / median / max over the rounds and,
+its "runs", or of the package's own `python -m torch_offload.bench` (--modes and --json): every
+variant in its own process (a fresh model, nothing left from another variant), the variants' order
+reversed every other round, so that drift of the machine and the position in a round fall on all of
+them alike. Per length and variant: step time min / median / max over the rounds and,
 per round, the baseline's step over the variant's ("speed x baseline") and the variant's peak over
 the baseline's, min / median / max. A ratio whose range holds 1.000 is "equal".
 
     python3 benchmarks/rounds.py --rounds 3 --baseline ckpt --out DIR -- \\
         python3 benchmarks/bench_selective.py --seqs 16384,65536 --variants ckpt,torch_sac,selective \\
         --warmup 1 --steps 3
+
+    python3 benchmarks/rounds.py --rounds 3 --baseline checkpointing --out DIR -- \\
+        python3 -m torch_offload.bench --modes checkpointing,hidden_states_disk --seqs 32768 --steps 4
 
 Each run writes into DIR/round<R>/<variant>/; DIR/rounds.json holds the command, every run and the
 summary, DIR/rounds.md the table, both rewritten after every run. --resume continues a run that a
@@ -28,19 +32,30 @@ from pathlib import Path
 
 
 def variants_of(command: list) -> tuple:
-    """The wrapped command's --variants list, and the command without that option."""
-    rest, variants = [], None
+    """The wrapped command's variants, the command without them, and the option that names them:
+    --variants (the benchmark scripts) or --modes (the package's bench, whose "modules:" variants
+    hold commas of their own and so cannot be run one by one here)."""
+    rest, variants, option = [], None, None
     items = iter(command)
     for item in items:
-        if item == "--variants":
-            variants = next(items, "")
-        elif item.startswith("--variants="):
-            variants = item.split("=", 1)[1]
+        name, equals, value = item.partition("=")
+        if name in ("--variants", "--modes"):
+            variants, option = (value if equals else next(items, "")), name
         else:
             rest.append(item)
     if not variants:
-        raise SystemExit("rounds.py: the wrapped command needs --variants A,B,...")
-    return [v for v in variants.split(",") if v], rest
+        raise SystemExit("rounds.py: the wrapped command needs --variants A,B,... (or --modes A,B,...)")
+    if option == "--modes" and "modules:" in variants:
+        raise SystemExit("rounds.py: --modes with a modules: variant is not supported; run it on its own")
+    if option == "--modes" and any(item == "--json" or item.startswith("--json=") for item in rest):
+        raise SystemExit("rounds.py: leave --json out of the wrapped command; each run writes its own")
+    return [v for v in variants.split(",") if v], rest, option
+
+
+def run_command(rest: list, option: str, variant: str, out: Path) -> list:
+    """The command that runs `variant` alone, writing its JSON into `out`."""
+    where = ["--out", str(out)] if option == "--variants" else ["--json", str(out / "result.json")]
+    return [*rest, option, variant, *where]
 
 
 def orders(variants: list, rounds: int) -> list:
@@ -137,7 +152,7 @@ def main(argv=None):
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the benchmark's command")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    variants, rest = variants_of(command)
+    variants, rest, option = variants_of(command)
     if args.rounds < 1:
         p.error(f"--rounds {args.rounds}: expected 1 or more")
     if args.baseline not in variants:
@@ -156,11 +171,12 @@ def main(argv=None):
             continue
         out = args.out / f"round{round_number}" / variant
         out.mkdir(parents=True, exist_ok=True)
-        run = subprocess.run([*rest, "--variants", variant, "--out", str(out)], text=True, capture_output=True)
+        run = subprocess.run(run_command(rest, option, variant, out), text=True, capture_output=True)
         (out / "log.txt").write_text(run.stdout + run.stderr)
         rows = [json.loads(f.read_text()).get("runs", []) for f in sorted(out.glob("*.json"))]
+        # The package's bench runs just the variant given, named as it canonicalises it ("true" is "all").
         got = [dict(seq=r.get("seq"), variant=variant, round=round_number, **measured(r))
-               for rs in rows for r in rs if r.get("variant") == variant]
+               for rs in rows for r in rs if r.get("variant") == variant or option == "--modes"]
         if run.returncode != 0 or not any("step_s" in g for g in got):
             result["failed"].append(f"round {round_number} {variant}: exit {run.returncode}, "
                                     + (run.stderr.strip().splitlines() or ["no output"])[-1][:200])

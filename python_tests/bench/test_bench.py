@@ -438,6 +438,29 @@ def test_rounds_resume_keeps_the_finished_rounds_and_runs_a_round_cut_short_agai
     assert json.loads(path.read_text()) == result  # left as it was
 
 
+def test_rounds_wraps_the_package_bench_by_its_modes_and_json(tmp_path):
+    # python -m torch_offload.bench names its variants --modes and writes --json: each round's run of
+    # one mode writes its own JSON, an alias ("true" is "all") is kept under the name the user gave.
+    wrapped = [sys.executable, "-m", "torch_offload.bench", "--device", "cpu", "--seqs", "64", "--steps", "1",
+               "--warmup", "0", "--no-progress"]
+    run = subprocess.run([sys.executable, "benchmarks/rounds.py", "--rounds", "2", "--baseline", "checkpointing",
+                          "--out", str(tmp_path), "--", *wrapped, "--modes", "checkpointing,true"],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "rounds.json").read_text())
+    assert [(r["round"], r["variant"]) for r in result["runs"]] == [(1, "checkpointing"), (1, "true"), (2, "true"),
+                                                                    (2, "checkpointing")]
+    assert all(r["step_s"] > 0 for r in result["runs"]) and not result["failed"]
+    assert json.loads((tmp_path / "round2" / "true" / "result.json").read_text())["runs"][0]["variant"] == "all"
+    assert next(r for r in result["summary"] if r["variant"] == "true")["rounds"] == 2
+    for modes, extra, why in [("checkpointing,modules:qkv,core_attn", [], "modules: variant is not supported"),
+                              ("checkpointing,all", ["--json", "x.json"], "leave --json out")]:
+        refused = subprocess.run([sys.executable, "benchmarks/rounds.py", "--baseline", "checkpointing", "--out",
+                                  str(tmp_path / "refused"), "--", *wrapped, *extra, "--modes", modes],
+                                 capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert refused.returncode != 0 and why in refused.stderr and not (tmp_path / "refused").exists()
+
+
 def test_rounds_reports_a_variant_that_fails_and_refuses_a_missing_baseline(tmp_path):
     wrapped = [sys.executable, "benchmarks/bench_selective.py", "--device", "cpu", "--tiny", "--seqs", "64",
                "--steps", "1", "--warmup", "0"]
