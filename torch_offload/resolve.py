@@ -62,9 +62,10 @@ def resolve(config: OffloadConfig, model: nn.Module, blocks: Optional[List[nn.Mo
     notes = [Note("activation mode", str(config.mode_name), "as given (mode=)" if mode_given else
                   "the default: every block's input in host memory, the least GPU memory of the modes that "
                   "recompute")]
-    layers = _layer_offloading(config.layer_offloading, blocks, config.mode_name, notes)
+    frozen = _frozen_bytes(blocks or [])
+    layers = _layer_offloading(config.layer_offloading, blocks, frozen, config.mode_name, notes)
     loss = _chunked_loss(config.chunked_loss, model, notes)
-    activations = _host_budget(config.activations, manager, _frozen_bytes(blocks) if layers else 0, notes)
+    activations = _host_budget(config.activations, manager, frozen if layers else 0, notes)
     tiling = _tiling(config.tiling, config.long_context.tile_tokens, model, blocks, notes)
     return Resolved(dataclasses.replace(config, activations=activations, layer_offloading=layers, chunked_loss=loss,
                                         tiling=tiling), notes)
@@ -75,11 +76,11 @@ def _frozen_bytes(blocks) -> int:
     return sum(p.numel() * p.element_size() for p in frozen.values())
 
 
-def _layer_offloading(given, blocks, mode_name: Optional[str], notes: List[Note]):
+def _layer_offloading(given, blocks, size: int, mode_name: Optional[str], notes: List[Note]):
+    """`size`: the bytes of the blocks' frozen weights."""
     if given is not None:
         notes.append(Note("layer offloading", "on" if given else "off", "as given (layer_offloading=)"))
         return given
-    size = _frozen_bytes(blocks)
     if not size:
         notes.append(Note("layer offloading", "off", "every parameter of the blocks trains: no frozen weight to move"))
         return False
