@@ -14,8 +14,8 @@ the baseline's, min / median / max. A ratio whose range holds 1.000 is "equal".
     python3 benchmarks/rounds.py --rounds 3 --baseline checkpointing --out DIR -- \\
         python3 -m torch_offload.bench --modes checkpointing,hidden_states_disk --seqs 32768 --steps 4
 
-Each run writes into DIR/round<R>/<variant>/; DIR/rounds.json holds the command, every run and the
-summary, DIR/rounds.md the table, both rewritten after every run. --resume continues a run that a
+Each run writes into DIR/round<R>/<variant>/; DIR/rounds.json holds the command, every run (with
+the script's own row and the rest of its JSON) and the summary, DIR/rounds.md the table, both rewritten after every run. --resume continues a run that a
 time limit stopped: the rounds in DIR/rounds.json that every variant finished are kept, and the
 others (a round cut short included, so that a round's ratios never span two sittings) run again, up
 to --rounds.
@@ -173,10 +173,13 @@ def main(argv=None):
         out.mkdir(parents=True, exist_ok=True)
         run = subprocess.run(run_command(rest, option, variant, out), text=True, capture_output=True)
         (out / "log.txt").write_text(run.stdout + run.stderr)
-        rows = [json.loads(f.read_text()).get("runs", []) for f in sorted(out.glob("*.json"))]
+        written = [json.loads(f.read_text()) for f in sorted(out.glob("*.json"))]
         # The package's bench runs just the variant given, named as it canonicalises it ("true" is "all").
-        got = [dict(seq=r.get("seq"), variant=variant, round=round_number, **measured(r))
-               for rs in rows for r in rs if r.get("variant") == variant or option == "--modes"]
+        # Each run keeps the script's own row and the rest of its JSON (bytes moved, waits, the
+        # bandwidth it measured): what bounds a figure is read from them, not measured again.
+        got = [dict(seq=r.get("seq"), variant=variant, round=round_number, **measured(r), row=r,
+                    script_output={k: v for k, v in data.items() if k != "runs"})
+               for data in written for r in data.get("runs", []) if r.get("variant") == variant or option == "--modes"]
         if run.returncode != 0 or not any("step_s" in g for g in got):
             result["failed"].append(f"round {round_number} {variant}: exit {run.returncode}, "
                                     + (run.stderr.strip().splitlines() or ["no output"])[-1][:200])

@@ -407,6 +407,10 @@ def test_rounds_runs_each_variant_in_its_own_process_in_alternated_order(tmp_pat
     assert hidden["rounds"] == 2 and hidden["speed_x_baseline"]["min"] == pytest.approx(ratios[0])
     assert hidden["speed_x_baseline"]["max"] == pytest.approx(ratios[1])
     assert "| 64 | hidden | 2 |" in run.stdout and not result["failed"]
+    # Each run keeps the script's own row and the rest of its JSON, for what bounds a figure.
+    first = result["runs"][0]
+    assert first["row"]["variant"] == "ckpt" and first["row"]["step_s"] == first["step_s"]
+    assert first["script_output"]["config"]["layers"] >= 1 and "runs" not in first["script_output"]
 
 
 def test_rounds_resume_keeps_the_finished_rounds_and_runs_a_round_cut_short_again(tmp_path):
