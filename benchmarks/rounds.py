@@ -31,6 +31,9 @@ import sys
 from pathlib import Path
 
 
+ORDER = "one process per variant; the variants in the given order in odd rounds, reversed in even rounds"
+
+
 def variants_of(command: list) -> tuple:
     """The wrapped command's variants, the command without them, and the option that names them:
     --variants (the benchmark scripts) or --modes (the package's bench, whose "modules:" variants
@@ -159,7 +162,7 @@ def main(argv=None):
         p.error(f"--baseline {args.baseline!r} is not among the wrapped command's variants {','.join(variants)}")
     result = {"command": shlex.join(["python3", "benchmarks/rounds.py", "--rounds", str(args.rounds), "--baseline",
                                      args.baseline, "--out", "OUTDIR", "--", *command]),
-              "rounds": args.rounds, "baseline": args.baseline, "runs": [], "failed": []}
+              "rounds": args.rounds, "order": ORDER, "baseline": args.baseline, "runs": [], "failed": []}
     done = set()
     if args.resume:
         result["runs"], result["failed"], done = earlier_rounds(args.out, command, variants, args.rounds)
@@ -192,7 +195,16 @@ def main(argv=None):
 
 
 def write(result: dict, out: Path) -> str:
-    """Summarises the runs so far into out/rounds.json and out/rounds.md; returns the table."""
+    """Summarises the runs so far into out/rounds.json and out/rounds.md; returns the table. The
+    GPU, torch and dates are the runs' own, as their scripts wrote them."""
+    outputs = [r["script_output"] for r in result["runs"] if "script_output" in r]
+    for key in ("gpu", "torch"):
+        values = sorted({str(o[key]) for o in outputs if o.get(key)})
+        if values:
+            result[key] = values[0] if len(values) == 1 else values
+    dates = sorted(str(o["date"])[:10] for o in outputs if o.get("date"))
+    if dates:
+        result["date"] = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
     result["summary"] = summarise(result["runs"], result["baseline"])
     (out / "rounds.json").write_text(json.dumps(result, indent=1))
     text = markdown(result)

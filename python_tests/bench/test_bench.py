@@ -411,6 +411,8 @@ def test_rounds_runs_each_variant_in_its_own_process_in_alternated_order(tmp_pat
     first = result["runs"][0]
     assert first["row"]["variant"] == "ckpt" and first["row"]["step_s"] == first["step_s"]
     assert first["script_output"]["config"]["layers"] >= 1 and "runs" not in first["script_output"]
+    assert result["torch"] == first["script_output"]["torch"] and result["gpu"] == first["script_output"]["gpu"]
+    assert result["date"] == first["script_output"]["date"][:10] and "reversed in even rounds" in result["order"]
 
 
 def test_rounds_resume_keeps_the_finished_rounds_and_runs_a_round_cut_short_again(tmp_path):
