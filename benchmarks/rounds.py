@@ -3,9 +3,9 @@
 its "runs", or of the package's own `python -m torch_offload.bench` (--modes and --json): every
 variant in its own process (a fresh model, nothing left from another variant), the variants' order
 reversed every other round, so that drift of the machine and the position in a round fall on all of
-them alike. Per length and variant: step time min / median / max over the rounds and,
-per round, the baseline's step over the variant's ("speed x baseline") and the variant's peak over
-the baseline's, min / median / max. A ratio whose range holds 1.000 is "equal".
+them alike. Per length and variant: step time min / median / max over the rounds and, per round, the
+baseline's step over the variant's ("speed x baseline") and the variant's peak over the baseline's,
+min / median / max. A ratio whose range holds 1.000 is "equal".
 
     python3 benchmarks/rounds.py --rounds 3 --baseline ckpt --out DIR -- \\
         python3 benchmarks/bench_selective.py --seqs 16384,65536 --variants ckpt,torch_sac,selective \\
@@ -15,10 +15,10 @@ the baseline's, min / median / max. A ratio whose range holds 1.000 is "equal".
         python3 -m torch_offload.bench --modes checkpointing,hidden_states_disk --seqs 32768 --steps 4
 
 Each run writes into DIR/round<R>/<variant>/; DIR/rounds.json holds the command, every run (with
-the script's own row and the rest of its JSON) and the summary, DIR/rounds.md the table, both rewritten after every run. --resume continues a run that a
-time limit stopped: the rounds in DIR/rounds.json that every variant finished are kept, and the
-others (a round cut short included, so that a round's ratios never span two sittings) run again, up
-to --rounds.
+the script's own row and the rest of its JSON) and the summary, DIR/rounds.md the table, both
+rewritten after every run. --resume continues a run that a time limit stopped: the rounds in
+DIR/rounds.json that every variant finished are kept, and the others (a round cut short included,
+so that a round's ratios never span two sittings) run again, up to --rounds.
 CPU smoke: python benchmarks/rounds.py --rounds 2 --baseline ckpt --out DIR -- python \\
            benchmarks/bench_selective.py --device cpu --tiny --variants ckpt,hidden --steps 1
 """
