@@ -62,7 +62,7 @@ def resolve(config: OffloadConfig, model: nn.Module, blocks: Optional[List[nn.Mo
     notes = [Note("activation mode", str(config.mode_name), "as given (mode=)" if mode_given else
                   "the default: every block's input in host memory, the least GPU memory of the modes that "
                   "recompute")]
-    frozen = _frozen_bytes(blocks or [])
+    frozen = _frozen_bytes(blocks)
     layers = _layer_offloading(config.layer_offloading, blocks, frozen, config.mode_name, notes)
     loss = _chunked_loss(config.chunked_loss, model, notes)
     activations = _host_budget(config.activations, manager, frozen if layers else 0, notes)
