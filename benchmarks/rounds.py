@@ -14,6 +14,13 @@ min / median / max. A ratio whose range holds 1.000 is "equal".
     python3 benchmarks/rounds.py --rounds 3 --baseline checkpointing --out DIR -- \\
         python3 -m torch_offload.bench --modes checkpointing,hidden_states_disk --seqs 32768 --steps 4
 
+    python3 benchmarks/rounds.py --rounds 3 --baseline ckpt --out DIR -- \\
+        torchrun --standalone --nproc_per_node=2 benchmarks/bench_fsdp2.py --seqs 16384 \\
+        --variants ckpt,hs_after --warmup 1 --steps 2
+
+Under torchrun each variant and round is a launch of its own; its row is the one rank 0 writes (the
+worse rank's step).
+
 Each run writes into DIR/round<R>/<variant>/; DIR/rounds.json holds the command, every run (with
 the script's own row and the rest of its JSON) and the summary, DIR/rounds.md the table, both
 rewritten after every run. --resume continues a run that a time limit stopped: the rounds in

@@ -5,6 +5,7 @@ lengths on its axis and no memory figures where none were measured. Also the ben
 CPU smoke runs."""
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -465,6 +466,24 @@ def test_rounds_wraps_the_package_bench_by_its_modes_and_json(tmp_path):
                                   str(tmp_path / "refused"), "--", *wrapped, *extra, "--modes", modes],
                                  capture_output=True, text=True, cwd=REPO, timeout=60)
         assert refused.returncode != 0 and why in refused.stderr and not (tmp_path / "refused").exists()
+
+
+def test_rounds_wraps_a_torchrun_launch_one_process_group_per_variant(tmp_path):
+    # The FSDP2 benchmarks run under torchrun: rounds.py launches one torchrun per variant and round
+    # and takes the row that rank 0 wrote (the worse rank's step).
+    wrapped = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "benchmarks/bench_fsdp2.py", "--device", "cpu", "--tiny", "--seqs", "64", "--warmup", "0", "--steps", "1"]
+    run = subprocess.run([sys.executable, "benchmarks/rounds.py", "--rounds", "2", "--baseline", "ckpt", "--out",
+                          str(tmp_path), "--", *wrapped, "--variants", "ckpt,hs_after"],
+                         capture_output=True, text=True, cwd=REPO, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "rounds.json").read_text())
+    assert [(r["round"], r["variant"]) for r in result["runs"]] == [(1, "ckpt"), (1, "hs_after"), (2, "hs_after"),
+                                                                    (2, "ckpt")]
+    for r in result["runs"]:
+        assert len(r["row"]["per_rank"]) == 2 and r["step_s"] == max(p["step_s"] for p in r["row"]["per_rank"])
+    assert result["runs"][0]["script_output"]["world_size"] == 2
+    assert next(r for r in result["summary"] if r["variant"] == "hs_after")["rounds"] == 2 and not result["failed"]
 
 
 def test_rounds_reports_a_variant_that_fails_and_refuses_a_missing_baseline(tmp_path):
