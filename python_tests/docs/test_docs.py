@@ -152,3 +152,38 @@ def test_torch_offload_names_in_code_import():
         except Exception as error:  # noqa: BLE001 (ImportError, AttributeError, a failing import)
             failures.append(f"{name} ({', '.join(sorted(set(docs)))}): {type(error).__name__}: {error}")
     assert not failures, "names the docs show that do not import:\n" + "\n".join(failures)
+
+
+RECORDS = ROOT / "benchmarks" / "records"
+
+
+def _linked_files() -> set:
+    """Every file README.md and docs/ link to (links into the tree only)."""
+    linked = set()
+    for doc in DOCS:
+        for target in _links(doc.read_text(encoding="utf-8")):
+            path_part = unquote(target.partition("#")[0])
+            if target and not _EXTERNAL.match(target) and path_part:
+                linked.add((doc.parent / path_part).resolve())
+    return linked
+
+
+def test_every_record_backs_a_published_figure():
+    """benchmarks/records/ holds what the docs publish and nothing else (benchmarks/README.md says
+    so): each file is linked from README.md or docs/, each JSON names the command that made it, and
+    the folder stays at most 50 files and under 2 MB."""
+    files = sorted(p for p in RECORDS.iterdir() if p.is_file())
+    assert files, "benchmarks/records/ is empty"
+    linked = _linked_files()
+    unlinked = [p.name for p in files if p.resolve() not in linked]
+    assert not unlinked, "records no page links to (remove them or publish their figures):\n" + "\n".join(unlinked)
+    without_command = []
+    for path in files:
+        if path.suffix == ".json":
+            text = path.read_text(encoding="utf-8")
+            if '"command"' not in text and '"commands"' not in text:
+                without_command.append(path.name)
+    assert not without_command, "records without the command that made them:\n" + "\n".join(without_command)
+    assert len(files) <= 50, f"{len(files)} files in benchmarks/records/, at most 50"
+    size = sum(p.stat().st_size for p in files)
+    assert size < 2_000_000, f"benchmarks/records/ holds {size} bytes, under 2 MB"
