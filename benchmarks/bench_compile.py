@@ -21,8 +21,10 @@ per sequence length. Variants:
                    same options when that ran, else with ckpt_compiled_causal, else ckpt_compiled
 
 Per run: compile time (first step minus a steady step), median step time, tokens/s, peak
-allocated / reserved memory, the forward's peak, and with --timeline the allocated-memory timeline
-of one step (plot it with benchmarks/plot_timeline.py). Per seq: boundary bytes L*S*h*2, ratios to
+allocated / reserved memory, the forward's peak, with --timeline the allocated-memory timeline
+of one step (plot it with benchmarks/plot_timeline.py), and with --profile one profiled step's
+summary: where the compute stream's time went (kernel time, idle time, its longest gaps), which
+tells a slower step with the same kernel time from one whose kernels ran longer. Per seq: boundary bytes L*S*h*2, ratios to
 ckpt_compiled, freed = peak(ckpt_compiled) - peak(variant).
 
 Compile times are comparable between variants: before the first variant a small function is compiled
@@ -42,6 +44,7 @@ GPU:       python3 benchmarks/bench_compile.py --out DIR
 Rounds:    python3 benchmarks/rounds.py --rounds 3 --baseline ckpt_compiled --out DIR -- python3 \\
                benchmarks/bench_compile.py --seqs 16384 --variants ckpt_compiled,ours_compiled --steps 2 \\
                --compile-cache /tmp/bench_compile_cache   (later rounds reuse round 1's compiled graphs)
+Profile:   python3 benchmarks/bench_compile.py --seqs 16384 --steps 3 --variants A,B --profile A,B --out DIR
 CPU smoke: python benchmarks/bench_compile.py --device cpu --tiny --out DIR
 """
 import argparse
@@ -62,7 +65,8 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts  # noqa:
 from torch_offload import policies  # noqa: E402
 from benchmarks.common import (GB, REFERENCE, add_run_args, apply_hf_options, build_llama,  # noqa: E402
                                finish_run_args, flat_grads, memory_timeline, new_result, output_dir,
-                               release_memory, short_gpu_name, split_hf_options, sync, table, timed_steps)
+                               release_memory, short_gpu_name, split_hf_options, sync, table, timed_steps,
+                               trace_summary)
 
 TINY = dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=256)
 
@@ -72,6 +76,9 @@ def parse_args():
     add_run_args(p, seqs="16384,32768", steps=4, warmup=None)  # warm-up: two steps, compile included
     p.add_argument("--variants", default="ckpt_compiled,sac_compiled,ours_compiled,ours_selective")
     p.add_argument("--timeline", default="", help="variants whose one-step memory timeline to record")
+    p.add_argument("--profile", default="",
+                   help="variants of which one more step is profiled: its Chrome trace goes to the output folder "
+                        "and the row gets its summary (the compute stream's kernel time, idle time, longest gaps)")
     p.add_argument("--noise-seq", type=int, default=0,
                    help="first compare each variant's gradients at this length with eager checkpointing's (0: skip)")
     p.add_argument("--min-bytes", type=int, default=None,
@@ -183,19 +190,29 @@ def measure(args, variant, seq, model, step_model, ids):
         row.update(timed_steps(step, args.steps, seq, args.device))
         if not args.compile_cache:  # with shared caches, a compile time says what was cached before
             row["compile_s"] = first - row["step_s"]
-        if variant in args.timeline.split(",") and args.device == "cuda":
-            baseline = torch.cuda.memory_allocated()
-            torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
-            step()
-            row["timeline_GB"] = memory_timeline(torch.cuda.memory._snapshot(), baseline)
-            torch.cuda.memory._record_memory_history(enabled=None)
-        if manager is not None:
+        if manager is not None:  # read before the steps below, which are not timed
             stats = dict(manager.stats())
             if step_model.offload_partitioner.graphs:  # graphs loaded from a cache were not partitioned here
                 row["offloaded_per_graph"] = [len(n) for n in step_model.offload_partitioner.offloaded]
             row["d2h_GB_per_step"] = stats["bytes_to_host"] / args.steps / GB
             row["compute_wait_ms_per_step"] = stats["compute_wait_ms"] / args.steps
             row["prefetch_hits"] = stats["prefetch_hits"]
+        if variant in args.timeline.split(",") and args.device == "cuda":
+            baseline = torch.cuda.memory_allocated()
+            torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+            step()
+            row["timeline_GB"] = memory_timeline(torch.cuda.memory._snapshot(), baseline)
+            torch.cuda.memory._record_memory_history(enabled=None)
+        if variant in args.profile.split(",") and args.device == "cuda":
+            trace = output_dir(args) / f"trace_{variant}_{seq}.json"
+            activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=activities) as profiler:
+                step()
+                sync(args.device)
+            profiler.export_chrome_trace(str(trace))
+            row["profile"] = trace_summary(trace)
+            row["profiled_busy_ms"] = row["profile"].get("compute_busy_ms")
+            row["profiled_idle_ms"] = row["profile"].get("compute_idle_ms")
     except torch.cuda.OutOfMemoryError:
         row["error"] = "OOM"
     del step_model, model, ids
@@ -245,7 +262,8 @@ def markdown(result):
     lines += table(result["runs"], [
         ("compile s", "compile_s", "{:.1f}"), ("step s", "step_s", "{:.3f}"), ("tok/s", "tokens_per_s", "{:.0f}"),
         ("peak alloc GB", "peak_allocated_GB", "{:.2f}"), ("peak reserved GB", "peak_reserved_GB", "{:.2f}"),
-        ("D2H GB/step", "d2h_GB_per_step", "{:.2f}")])
+        ("D2H GB/step", "d2h_GB_per_step", "{:.2f}"), ("compute wait ms/step", "compute_wait_ms_per_step", "{:.1f}"),
+        ("profiled step: kernels ms", "profiled_busy_ms", "{:.1f}"), ("idle ms", "profiled_idle_ms", "{:.1f}")])
     lines += ["", "Against compiled checkpointing of the same seq, `against` (freed = its peak allocated - the variant's):",
               "", "| seq | variant | against | boundary GB | x tok/s | freed GB | freed / boundary | compile time x |",
               "|---|---|---|---|---|---|---|---|"]

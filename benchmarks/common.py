@@ -5,7 +5,9 @@ interleaved rounds, gradient comparison and the allocation-trace replay of a CUD
 
 The scripts put the repository root on sys.path and import this module as `benchmarks.common`.
 """
+import collections
 import datetime
+import json
 import os
 import sys
 import tempfile
@@ -229,3 +231,52 @@ def memory_timeline(snapshot, baseline: int, points: int = 1500) -> list:
               if changed]
     stride = max(1, len(series) // points)
     return [round(max(series[i:i + stride]), 4) for i in range(0, len(series), stride)]
+
+
+# ------------------------------------------------------------------------------------------------
+# profiler traces (torch.profiler's exported Chrome trace of one step)
+
+
+def trace_summary(path, gaps: int = 5) -> dict:
+    """What one profiled step's Chrome trace says of the GPU's time: kernel time per CUDA stream, the
+    kernels' span, copy time per (stream, kind), the CUDA runtime calls that took longest; and, on
+    the stream with the most kernel time (the compute stream), the time within its span that it ran
+    no kernel and its `gaps` longest idle gaps, each with the kernels on either side and its start in
+    ms from the stream's first kernel. Same kernel time with more idle time means the stream waited
+    (on an event, a copy, the host's launches), not that its kernels ran slower."""
+    busy, copies = collections.Counter(), collections.Counter()
+    runtime = collections.defaultdict(lambda: [0, 0.0])
+    kernels = collections.defaultdict(list)
+    for e in json.loads(Path(path).read_text())["traceEvents"]:
+        category, duration = e.get("cat", ""), e.get("dur", 0)
+        if category == "kernel":
+            stream = e["args"].get("stream")
+            busy[stream] += duration
+            kernels[stream].append(e)
+        elif category == "gpu_memcpy":
+            copies[(e["args"].get("stream"), e["name"][:40])] += duration
+        elif category == "cuda_runtime":
+            runtime[e["name"]][0] += 1
+            runtime[e["name"]][1] += duration
+    every = [e for stream in kernels.values() for e in stream]
+    span = (max(e["ts"] + e["dur"] for e in every) - min(e["ts"] for e in every)) if every else 0.0
+    top = sorted(runtime.items(), key=lambda kv: -kv[1][1])[:8]
+    summary = {"kernel_busy_ms_per_stream": {str(k): v / 1e3 for k, v in busy.items()},
+               "kernel_span_ms": span / 1e3,
+               "copies_ms": {f"{k[0]}:{k[1]}": v / 1e3 for k, v in copies.items()},
+               "runtime_top": {k: {"count": c, "ms": d / 1e3} for k, (c, d) in top}}
+    if not every:
+        return summary
+    compute = max(busy, key=busy.get)
+    ordered = sorted(kernels[compute], key=lambda e: e["ts"])
+    first, end, found = ordered[0]["ts"], ordered[0]["ts"] + ordered[0]["dur"], []
+    for before, after in zip(ordered, ordered[1:]):
+        if after["ts"] > end:
+            found.append((after["ts"] - end, before["name"][:60], after["name"][:60], end - first))
+        end = max(end, after["ts"] + after["dur"])
+    found.sort(key=lambda g: -g[0])
+    summary.update(compute_stream=str(compute), compute_kernels=len(ordered), compute_busy_ms=busy[compute] / 1e3,
+                   compute_idle_ms=(end - first - busy[compute]) / 1e3,
+                   largest_gaps=[{"ms": g / 1e3, "after": a, "before": b, "at_ms": at / 1e3}
+                                 for g, a, b, at in found[:gaps]])
+    return summary

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the time of a short training step goes, per variant (GPU only): the median step time over 7
 steps, then one profiled step: kernel time per CUDA stream, copy time, the CUDA runtime calls that
-took longest, the top CPU ops by self time. Writes profile_SEQ.json and one Chrome trace per variant
+took longest, the compute stream's idle time and longest gaps, the top CPU ops by self time. Writes profile_SEQ.json and one Chrome trace per variant
 (trace_VARIANT.json, for Perfetto or chrome://tracing) to --out (without --out, a new temporary
 folder).
 
@@ -16,7 +16,6 @@ variant adds on the host threads is what it costs there; the kernel time per str
 GPU's work is the same.
 """
 import argparse
-import collections
 import json
 import statistics
 import sys
@@ -28,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
 from torch_offload import policies  # noqa: E402
-from benchmarks.common import REFERENCE, add_out_arg, build_llama, output_dir, release_memory  # noqa: E402
+from benchmarks.common import REFERENCE, add_out_arg, build_llama, output_dir, release_memory, trace_summary  # noqa: E402
 
 
 def enable(model, variant):
@@ -45,29 +44,6 @@ def enable(model, variant):
     if variant.endswith("_re"):  # the reentrant variant of a mode (hidden_states_re, selective_re)
         return torch_offload.apply(model, variant[:-3], use_reentrant=True).remove
     return torch_offload.apply(model, variant).remove
-
-
-def summarise_trace(path: Path) -> dict:
-    """Kernel time per stream, the kernels' span, copy time per (stream, kind) and the CUDA runtime
-    calls that took longest, from one exported Chrome trace."""
-    busy, copies = collections.Counter(), collections.Counter()
-    runtime = collections.defaultdict(lambda: [0, 0.0])
-    span = [float("inf"), 0.0]
-    for e in json.loads(path.read_text())["traceEvents"]:
-        category, duration = e.get("cat", ""), e.get("dur", 0)
-        if category == "kernel":
-            busy[e["args"].get("stream")] += duration
-            span = [min(span[0], e["ts"]), max(span[1], e["ts"] + duration)]
-        elif category == "gpu_memcpy":
-            copies[(e["args"].get("stream"), e["name"][:40])] += duration
-        elif category == "cuda_runtime":
-            runtime[e["name"]][0] += 1
-            runtime[e["name"]][1] += duration
-    top = sorted(runtime.items(), key=lambda kv: -kv[1][1])[:8]
-    return {"kernel_busy_ms_per_stream": {str(k): v / 1e3 for k, v in busy.items()},
-            "kernel_span_ms": max(0.0, span[1] - span[0]) / 1e3,
-            "copies_ms": {f"{k[0]}:{k[1]}": v / 1e3 for k, v in copies.items()},
-            "runtime_top": {k: {"count": c, "ms": d / 1e3} for k, (c, d) in top}}
 
 
 def main():
@@ -106,12 +82,14 @@ def main():
             trace = out / f"trace_{variant}.json"
             prof.export_chrome_trace(str(trace))
             r = {"median_step_s": statistics.median(times), "times": times, "profiled_wall_s": wall,
-                 **summarise_trace(trace), "peak_GB": torch.cuda.max_memory_allocated() / 2**30}
+                 **trace_summary(trace), "peak_GB": torch.cuda.max_memory_allocated() / 2**30}
             results[variant] = r
             print(f"=== {variant}: median {r['median_step_s'] * 1e3:.1f} ms, profiled {wall * 1e3:.1f} ms, "
                   f"kernel span {r['kernel_span_ms']:.1f} ms")
             print("  kernel busy per stream ms:", {k: round(x, 1) for k, x in r["kernel_busy_ms_per_stream"].items()})
             print("  copies ms:", {k: round(x, 1) for k, x in r["copies_ms"].items()})
+            print(f"  compute stream idle {r.get('compute_idle_ms', 0.0):.1f} ms; largest gaps:",
+                  [(round(g["ms"], 2), g["after"][:30], g["before"][:30]) for g in r.get("largest_gaps", [])])
             print("  runtime top:", {k: (x["count"], round(x["ms"], 1)) for k, x in r["runtime_top"].items()})
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=60),
                   flush=True)

@@ -263,6 +263,35 @@ def test_compile_timeline_plot_writes_a_png(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_trace_summary_tells_the_compute_streams_idle_time_and_longest_gaps(tmp_path):
+    # A profiled step as torch.profiler exports it: the compute stream (7) runs three kernels with
+    # gaps of 2 and 5 us between them; a copy stream (9) runs less kernel time; a copy and a
+    # runtime call are counted apart. Times in microseconds, as the trace writes them.
+    def kernel(name, stream, ts, dur):
+        return {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+    events = [kernel("gemm", 7, 100, 10), kernel("norm", 7, 112, 8), kernel("attention", 7, 125, 5),
+              kernel("side", 9, 101, 3),
+              {"cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 102, "dur": 4,
+               "args": {"stream": 9}},
+              {"cat": "cuda_runtime", "name": "cudaStreamWaitEvent", "ts": 99, "dur": 2}]
+    (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": events}))
+    code = ("import sys, json; sys.path.insert(0, %r); from benchmarks.common import trace_summary; "
+            "print(json.dumps(trace_summary(sys.argv[1], gaps=1)))" % str(REPO))
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "trace.json")], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["compute_stream"] == "7" and summary["compute_kernels"] == 3
+    assert summary["compute_busy_ms"] == pytest.approx(0.023)
+    assert summary["compute_idle_ms"] == pytest.approx(0.007)  # 30 us of span, 23 of kernels
+    assert summary["kernel_span_ms"] == pytest.approx(0.030)
+    assert summary["largest_gaps"] == [{"ms": pytest.approx(0.005), "after": "norm", "before": "attention",
+                                        "at_ms": pytest.approx(0.020)}]
+    assert summary["kernel_busy_ms_per_stream"]["9"] == pytest.approx(0.003)
+    assert summary["copies_ms"] == {"9:Memcpy DtoH (Device -> Pinned)": pytest.approx(0.004)}
+    assert summary["runtime_top"]["cudaStreamWaitEvent"]["count"] == 1
+
+
 def test_link_utilisation_is_bytes_over_step_time_times_bandwidth():
     from torch_offload.bench.common import add_link_utilisation
     row = {"step_s": 2.0, "to_host_MB": 1000.0, "to_device_MB": 500.0}
