@@ -24,8 +24,8 @@ Per run: compile time (first step minus a steady step), median step time, tokens
 allocated / reserved memory, the forward's peak, with --timeline the allocated-memory timeline
 of one step (plot it with benchmarks/plot_timeline.py), and with --profile one profiled step's
 summary: where the compute stream's time went (kernel time, idle time, its longest gaps), which
-tells a slower step with the same kernel time from one whose kernels ran longer. Per seq: boundary bytes L*S*h*2, ratios to
-ckpt_compiled, freed = peak(ckpt_compiled) - peak(variant).
+tells a slower step with the same kernel time from one whose kernels ran longer. Per seq: boundary
+bytes L*S*h*2, ratios to ckpt_compiled, freed = peak(ckpt_compiled) - peak(variant).
 
 Compile times are comparable between variants: before the first variant a small function is compiled
 (inductor's compile workers and Triton start once, outside every variant's time), and each variant

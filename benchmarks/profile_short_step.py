@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Where the time of a short training step goes, per variant (GPU only): the median step time over 7
 steps, then one profiled step: kernel time per CUDA stream, copy time, the CUDA runtime calls that
-took longest, the compute stream's idle time and longest gaps, the top CPU ops by self time. Writes profile_SEQ.json and one Chrome trace per variant
-(trace_VARIANT.json, for Perfetto or chrome://tracing) to --out (without --out, a new temporary
-folder).
+took longest, the compute stream's idle time and longest gaps, the top CPU ops by self time. Writes
+profile_SEQ.json and one Chrome trace per variant (trace_VARIANT.json, for Perfetto or
+chrome://tracing) to --out (without --out, a new temporary folder).
 
 Variants: none (plain training), ckpt (torch's non-reentrant checkpointing), any apply() mode name
 (hidden_states, selective, ...), MODE_re (the mode with use_reentrant=True), selective_per_op (the
@@ -27,7 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
 from torch_offload import policies  # noqa: E402
-from benchmarks.common import REFERENCE, add_out_arg, build_llama, output_dir, release_memory, trace_summary  # noqa: E402
+from benchmarks.common import (REFERENCE, add_out_arg, build_llama, output_dir, release_memory,  # noqa: E402
+                               trace_summary)
 
 
 def enable(model, variant):

@@ -90,21 +90,28 @@ def test_the_docs_exist():
     assert len(DOCS) > 1, "docs/ has no markdown files"
 
 
+def _target(doc: Path, target: str):
+    """(the file a relative link in `doc` points to, its #anchor); None for an external link."""
+    if not target or _EXTERNAL.match(target):
+        return None
+    path_part, _, anchor = target.partition("#")
+    path_part = unquote(path_part)
+    if not path_part:
+        return doc, anchor
+    if path_part.startswith("/"):  # GitHub resolves /path from the repository root
+        return ROOT / path_part.lstrip("/"), anchor
+    return (doc.parent / path_part).resolve(), anchor
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=_ids(DOCS))
 def test_relative_links_resolve(doc):
     broken = []
     anchors = {}
     for target in _links(doc.read_text(encoding="utf-8")):
-        if not target or _EXTERNAL.match(target):
+        resolved = _target(doc, target)
+        if resolved is None:
             continue
-        path_part, _, anchor = target.partition("#")
-        path_part = unquote(path_part)
-        if not path_part:
-            path = doc
-        elif path_part.startswith("/"):  # GitHub resolves /path from the repository root
-            path = ROOT / path_part.lstrip("/")
-        else:
-            path = (doc.parent / path_part).resolve()
+        path, anchor = resolved
         if not path.exists():
             broken.append(f"{target}: no such file ({path})")
             continue
@@ -159,13 +166,8 @@ RECORDS = ROOT / "benchmarks" / "records"
 
 def _linked_files() -> set:
     """Every file README.md and docs/ link to (links into the tree only)."""
-    linked = set()
-    for doc in DOCS:
-        for target in _links(doc.read_text(encoding="utf-8")):
-            path_part = unquote(target.partition("#")[0])
-            if target and not _EXTERNAL.match(target) and path_part:
-                linked.add((doc.parent / path_part).resolve())
-    return linked
+    return {resolved[0].resolve() for doc in DOCS for target in _links(doc.read_text(encoding="utf-8"))
+            if (resolved := _target(doc, target)) is not None}
 
 
 def test_every_record_backs_a_published_figure():
