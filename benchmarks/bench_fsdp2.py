@@ -34,6 +34,8 @@ with the parameters in fp32 and, on CUDA, MixedPrecisionPolicy(param_dtype=bf16,
 --optimizer adamw: AdamW (lr 1e-5) steps the trainable parameters after every backward (on the host
 with --cpu-offload), so the peaks include it; each row records the optimizer.
 --layers N: the shape with N decoder layers.
+--phases: each measured step's forward, backward and optimizer seconds (phase_s, the slowest rank's),
+the device synchronized between them: where a step's time goes, not a published step time.
 A step is forward and backward (and the optimizer's step with --optimizer adamw). Publish peaks from
 one process per variant: in one process, a model that something still refers to adds to every later
 variant's peak. Host memory per rank: the process's peak RSS since it started (ru_maxrss: a
@@ -91,6 +93,7 @@ CPU smoke:     torchrun --nproc_per_node=2 benchmarks/bench_fsdp2.py --device cp
 import argparse
 import json
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -256,6 +259,31 @@ def host_parts(args, model, shape: dict, seq: int, variant: str) -> dict:
     return {part: size / GB for part, size in parts.items()}
 
 
+class PhaseClock:
+    """--phases: the wall time of each part of a step (forward, backward, optimizer), the device
+    synchronized at each boundary so that a part's queued kernels count in it. The syncs cost the
+    overlap across the boundaries, so the step times of such a run are not the published ones."""
+
+    def __init__(self, device: str):
+        self.device, self.laps, self.since = device, {}, 0.0
+
+    def _now(self) -> float:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def start(self):
+        self.since = self._now()
+
+    def lap(self, name: str):
+        now = self._now()
+        self.laps.setdefault(name, []).append(now - self.since)
+        self.since = now
+
+    def medians(self) -> dict:
+        return {name: statistics.median(times) for name, times in self.laps.items()}
+
+
 def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> dict:
     """One variant at one length on this rank: timings, memory, bytes moved; or {"error": "OOM"}."""
     row = {"variant": variant, "seq": seq, "rank": dist.get_rank(), "optimizer": args.optimizer,
@@ -272,16 +300,26 @@ def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> d
             optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
         ids = torch.randint(0, shape["vocab"], (1, seq), device=args.device)
 
+        clock = PhaseClock(args.device) if args.phases else None
+
         def step():
+            if clock:
+                clock.start()
             output = model(input_ids=ids, labels=ids)
             # Logits back: the model's own loss ran, not the chunked one, and the row would be void.
             if variant in CHUNKED and output.logits is not None:
                 raise RuntimeError(f"{variant}: the model returned the logits: its loss is not the chunked one")
+            if clock:
+                clock.lap("forward")
             output.loss.backward()
             del output
+            if clock:
+                clock.lap("backward")
             if optimizer is not None:
                 optimizer.step()
             model.zero_grad(set_to_none=True)
+            if clock:
+                clock.lap("optimizer")
 
         done = 0
         while not warmed_up(handle, done, warmup, args.device == "cuda"):
@@ -295,7 +333,11 @@ def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> d
             manager.reset_stats()
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        if clock:
+            clock.laps.clear()  # the measured steps only
         row.update(timed_steps(step, steps, seq, args.device))
+        if clock:
+            row["phase_s"] = clock.medians()
         if handle is not None:
             stats = handle.stats()
             row["GB_to_host_per_step"] = stats.get("bytes_to_host", 0) / steps / GB
@@ -335,6 +377,8 @@ def summarise(rows: list, shape: dict, elem_bytes: int) -> dict:
              if r.get("host_available_before_GB") is not None and r.get("host_available_after_GB") is not None]
     if drops:
         out["host_available_drop_GB"] = max(drops)
+    if "phase_s" in first:  # each part's slowest rank
+        out["phase_s"] = {name: max(r["phase_s"][name] for r in rows) for name in first["phase_s"]}
     if "host_parts_GB" in first:  # the node's: every rank's parts summed
         out["host_parts_GB"] = {part: sum(r["host_parts_GB"][part] for r in rows) for part in first["host_parts_GB"]}
     return out
@@ -415,6 +459,9 @@ def main():
     p.add_argument("--optimizer", default="none", choices=("none", "adamw"),
                    help="adamw: an AdamW step (lr 1e-5) after every backward")
     p.add_argument("--layers", type=int, default=0, help="decoder layers of the shape (0: the shape's own)")
+    p.add_argument("--phases", action="store_true",
+                   help="record each measured step's forward, backward and optimizer seconds (phase_s; the "
+                        "device synchronized between them)")
     p.add_argument("--timeout-s", type=int, default=900, help="collective timeout")
     p.add_argument("--deadline-s", type=float, default=0.0,
                    help="start no run after this many seconds (0: none); what was skipped is recorded")

@@ -132,14 +132,21 @@ def test_bench_fsdp2_cpu_offload_adamw_cpu_smoke(tmp_path):
     """Every parameter trained under FSDP2's CPUOffloadPolicy with AdamW's step, against
     long_context=True applied after fully_shard; the host bytes per part and the host memory recorded."""
     _torchrun("bench_fsdp2.py", "--cpu-offload", "--optimizer", "adamw", "--variants", "ckpt,lc_after",
-              "--seqs", "64", "--warmup", "1", "--steps", "1", "--out", str(tmp_path))
+              "--seqs", "64", "--warmup", "1", "--steps", "2", "--phases", "--out", str(tmp_path))
     result = json.loads((tmp_path / "fsdp2_cpux2_tiny.json").read_text())
     runs = {r["variant"]: r for r in result["runs"]}
     assert list(runs) == ["ckpt", "lc_after"]
     assert all("error" not in r and len(r["per_rank"]) == 2 for r in runs.values()), runs
     assert runs["lc_after"]["GB_to_host_per_step"] > 0
-    assert all(r["optimizer"] == "adamw" and row["optimizer_steps"] == 2
+    assert all(r["optimizer"] == "adamw" and row["optimizer_steps"] == 3
                for r in runs.values() for row in r["per_rank"])
+    # --phases: the measured steps' parts, each timed within its step. A median of 2 steps is their
+    # mean, so the parts sum to at most the mean step, and to most of it (only the step's first and
+    # last statements are outside them).
+    for row in (row for r in runs.values() for row in r["per_rank"]):
+        assert set(row["phase_s"]) == {"forward", "backward", "optimizer"}
+        mean_step = sum(row["times_s"]) / 2
+        assert 0.5 * mean_step < sum(row["phase_s"].values()) <= mean_step
     parts = runs["lc_after"]["host_parts_GB"]
     assert parts["adamw_moments"] == pytest.approx(2 * parts["gradients"]) and parts["boundaries"] > 0
     assert parts["gradients"] == pytest.approx(parts["weights"])  # every parameter trains, fp32
