@@ -6,7 +6,9 @@ SDPA, batch 1 per rank, fully_shard on every decoder layer and the root (built o
 sharded, then materialised: no rank ever holds the whole model). Variants:
   ckpt       FSDP2 + torch gradient checkpointing (non-reentrant), the baseline
   hf_offload FSDP2 + transformers' offload=True (torch's save_on_cpu around each checkpointed layer:
-             the layer inputs in host memory, copied on the compute stream)
+             the layer inputs in host memory, copied on the compute stream); accelerate 1.15's
+             fsdp_activation_checkpointing_offload is the same mechanism (torch's offload_wrapper
+             around its checkpoint_wrapper)
   hs_before  apply(model, "hidden_states") before fully_shard
   hs_after   apply(model, "hidden_states") after fully_shard
   hs_chunked apply(model, "hidden_states", chunked_loss=True) before fully_shard: the loss computed
