@@ -110,7 +110,8 @@ from torch_offload.hooks.link_budget import LinkBudget, PolicyLinkBudget  # noqa
 from torch_offload.hooks.node_link import link_bandwidth  # noqa: E402
 from benchmarks.common import (GB, SHAPES, TINY, add_run_args, agree, build_llama, exit_without_finalising,  # noqa: E402
                                finish_run_args, gather, init_ranks, log, longest_fitting, new_result, output_dir,
-                               past_deadline, release_memory, short_gpu_name, table, timed_steps, worst_rank)
+                               past_deadline, release_memory, short_gpu_name, sync, table, timed_steps,
+                               worst_rank)
 
 VARIANTS = ("ckpt", "hf_offload", "hs_before", "hs_after", "hs_chunked", "all", "all_link", "sel", "sel_link",
             "sel_qkv", "sel_qkv_link", "auto", "ckpt_chunked", "lc_after")
@@ -270,8 +271,7 @@ class PhaseClock:
         self.device, self.laps, self.since = device, {}, 0.0
 
     def _now(self) -> float:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
+        sync(self.device)
         return time.perf_counter()
 
     def start(self):
