@@ -31,7 +31,9 @@ attention backward may accumulate with atomics, flash attention's does, so gradi
 bit-reproducible from run to run, even for one variant; the example prints how far checkpointing is
 from itself when the first step runs twice). On CPU (a tiny fp32 model, seconds) every loss and the first step's gradients
 must be bit-equal to checkpointing's; there is no device memory to measure there (the engine copies
-host to host), so memory is reported as not measured.
+host to host), so memory is reported as not measured. The variants run in the order --variants
+gives, so that rounds can alternate it: each one's first-step gradients wait in host memory (2.8 GB
+at the GPU size) until all have run.
 
     python examples/diffusion_transformer.py --out DIR             # GPU if there is one, else CPU
     python examples/diffusion_transformer.py --device cpu           # the tiny CPU check
@@ -96,8 +98,8 @@ def parse_args():
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
                        help="default: %s on GPU, %s on CPU" % (GPU_SIZE[name], CPU_SIZE[name]))
     p.add_argument("--variants", default=",".join(VARIANTS),
-                   help="comma-separated, from %s (checkpointing always runs: it is the reference)"
-                        % ", ".join(VARIANTS))
+                   help="comma-separated, from %s, run in the order given (checkpointing always runs: it is "
+                        "the reference; first when not named)" % ", ".join(VARIANTS))
     p.add_argument("--prefetch-depth", type=int, default=None,
                    help="selective's prefetch_depth (default: the library's, 3: one attention call per block; "
                         "a Wan block makes two, self- and cross-attention: up to 5 saves)")
@@ -113,7 +115,8 @@ def parse_args():
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown:
         p.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
-    args.variants = [v for v in VARIANTS if v in chosen or v == REFERENCE]
+    # The order given is the run order, so that rounds can alternate it; the reference always runs.
+    args.variants = list(dict.fromkeys(chosen if REFERENCE in chosen else [REFERENCE] + chosen))
     if args.warmup < 1 or args.steps < 1:
         p.error("--warmup and --steps must be at least 1 (the first warm-up step is the one compared)")
     return args
@@ -162,10 +165,14 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def compare_grads(model, reference):
-    """Step-1 gradients against the reference's: bit-equal?, relative L2 error over all parameters,
-    and the parameter with the largest relative error."""
-    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+def step1_grads(model):
+    """The parameters' gradients, copied to host memory."""
+    return {n: p.grad.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.grad is not None}
+
+
+def compare_grads(grads, reference):
+    """Gradients against the reference's: bit-equal?, relative L2 error over all parameters, and the
+    parameter with the largest relative error."""
     if set(grads) != set(reference):
         missing = sorted(set(reference) ^ set(grads))
         return {"bit_equal": False, "rel_l2": math.inf, "worst": f"gradients differ in which exist: {missing[:5]}",
@@ -260,14 +267,14 @@ def thin(line, points=2000):
     return [max(line[i:i + stride], key=lambda p: p[1]) for i in range(0, len(line), stride)]
 
 
-def run_variant(variant, args, device, dtype, state, batch, reference):
+def run_variant(variant, args, device, dtype, state, batch):
     model = build_model(args, device, dtype)
     model.load_state_dict(state)
     handle = enable(variant, model, args.prefetch_depth)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
     result = {"variant": variant, "losses": []}
 
-    # Step 1: its gradients are compared with (or, for the reference, kept as) checkpointing's.
+    # Step 1: its gradients are kept (in host memory) to be compared with the reference's once all ran.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t0 = time.perf_counter()
@@ -276,18 +283,15 @@ def run_variant(variant, args, device, dtype, state, batch, reference):
         sync(device)
         result["first_step_forward_backward_s"] = time.perf_counter() - t0
     result["warnings"] = sorted({str(w.message) for w in caught if "torch_offload" in str(w.message)})
-    if reference is None:
-        reference = result["reference_grads"] = {n: p.grad.detach().to("cpu", copy=True)
-                                                 for n, p in model.named_parameters() if p.grad is not None}
+    result["step1_grads"] = step1_grads(model)
+    if variant == REFERENCE:
         # The same step again: how far the reference is from itself (the GPU's run-to-run noise, which
         # the other variants' differences are to be read against; 0 on CPU).
         optimizer.zero_grad(set_to_none=True)
         again = compute_loss(model, batch)
         again.backward()
         result["self_loss_equal"] = again.item() == loss.item()
-        result["grads_vs_itself"] = compare_grads(model, reference)
-    else:
-        result["grads_vs_reference"] = compare_grads(model, reference)
+        result["grads_vs_itself"] = compare_grads(step1_grads(model), result["step1_grads"])
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     result["losses"].append(loss.item())
@@ -361,8 +365,9 @@ def warm_up(args, device, dtype):
 
 
 def run_all(args, device, dtype, batch, failures):
-    """Every variant on a fresh model from the same state, the reference first; returns the results,
-    the number of parameters and the baseline (the data's bytes on the device)."""
+    """Every variant on a fresh model from the same state, in the order given; returns the results
+    (each variant's step-1 gradients compared with the reference's), the number of parameters and the
+    baseline (the data's bytes on the device)."""
     baseline = 0
     if device.type == "cuda":
         warm_up(args, device, dtype)
@@ -372,8 +377,8 @@ def run_all(args, device, dtype, batch, failures):
     n_params = sum(p.numel() for p in reference_model.parameters())
     state = {k: v.detach().to("cpu", copy=True) for k, v in reference_model.state_dict().items()}
     del reference_model
-    results, reference, settled = {}, None, None
-    for variant in [REFERENCE] + [v for v in args.variants if v != REFERENCE]:
+    results, settled = {}, None
+    for index, variant in enumerate(args.variants):
         # Nothing of the previous variant may remain on the device: its memory would count in this one's.
         # The first variant may leave what torch allocates once per process and keeps (a fused
         # optimizer's or a kernel's buffers the tiny warm-up did not reach); from then on every variant
@@ -382,27 +387,29 @@ def run_all(args, device, dtype, batch, failures):
         if device.type == "cuda":
             torch.cuda.empty_cache()
             left = torch.cuda.memory_allocated(device) - baseline
-            if settled is None and variant != REFERENCE:
+            if index == 1:
                 settled = left
                 if left:
                     print(f"  (the first variant left {left} bytes that every later one starts with)", flush=True)
-            elif settled is not None and left != settled:
+            elif index > 1 and left != settled:
                 failures.append(f"{variant} started with {left - settled} bytes more allocated than the variant "
                                 "before it")
         started = time.perf_counter()
         try:
-            result = run_variant(variant, args, device, dtype, state, batch, reference)
+            result = run_variant(variant, args, device, dtype, state, batch)
         except torch.cuda.OutOfMemoryError as error:
             result = {"variant": variant, "error": f"out of memory: {str(error).splitlines()[0]}"}
             if variant == REFERENCE:
                 raise
-        if variant == REFERENCE:
-            reference = result.pop("reference_grads")
         if device.type == "cuda":
             result["allocated_before_bytes"] = left + baseline
         results[variant] = result
         print(f"  {variant}: {result.get('error', 'median step %.1f ms' % (result.get('step_s', 0) * 1e3))} "
               f"({time.perf_counter() - started:.1f} s)", flush=True)
+    reference = results[REFERENCE].pop("step1_grads")
+    for result in results.values():
+        if "step1_grads" in result:
+            result["grads_vs_reference"] = compare_grads(result.pop("step1_grads"), reference)
     return results, n_params, baseline
 
 
@@ -571,6 +578,7 @@ def write_outputs(args, device, dtype, info, results, failures):
                    "selective_prefetch_depth": args.prefetch_depth,
                    **{k: getattr(args, k) for k in GPU_SIZE}},
         "reference": REFERENCE,
+        "run_order": list(results),
         "checks": {"asserted": ("step-1 loss bit-equal; step-1 gradients (relative L2) within grad_rtol and every "
                                 "loss within loss_rtol (relative) of the reference's" if cuda else
                                 "every loss and the step-1 gradients bit-equal to the reference's"),

@@ -38,13 +38,18 @@ def test_diffusion_transformer_example(tmp_path):
     pytest.importorskip("diffusers", reason="examples/diffusion_transformer.py needs diffusers "
                                             "(pip install diffusers==0.42.1)")
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    # An order other than the script's own, the reference (checkpointing) not first: rounds alternate
+    # the order, so the order given must be the run order.
+    order = "torch_sac,checkpointing,selective,hidden_states,none"
     run = subprocess.run([sys.executable, str(REPO / "examples" / "diffusion_transformer.py"), "--device", "cpu",
-                          "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+                          "--variants", order, "--out", str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "losses and step-1 gradients bit-equal to checkpointing's in every variant" in run.stdout, run.stdout
     assert "memory is not measured on CPU" in run.stdout, run.stdout
     record = json.loads((tmp_path / "diffusion_transformer.json").read_text())
     variants = record["variants"]
+    assert record["run_order"] == order.split(","), record["run_order"]
     assert set(variants) == {"none", "checkpointing", "hidden_states", "selective", "torch_sac"}, variants.keys()
     reference = variants["checkpointing"]["losses"]
     assert len(reference) == 4 and all(math.isfinite(x) for x in reference), reference
