@@ -165,9 +165,9 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def step1_grads(model):
-    """The parameters' gradients, copied to host memory."""
-    return {n: p.grad.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.grad is not None}
+def grads_of(model):
+    """The parameters' gradients, by name, where they are."""
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
 def compare_grads(grads, reference):
@@ -283,7 +283,7 @@ def run_variant(variant, args, device, dtype, state, batch):
         sync(device)
         result["first_step_forward_backward_s"] = time.perf_counter() - t0
     result["warnings"] = sorted({str(w.message) for w in caught if "torch_offload" in str(w.message)})
-    result["step1_grads"] = step1_grads(model)
+    result["step1_grads"] = {n: g.detach().to("cpu", copy=True) for n, g in grads_of(model).items()}
     if variant == REFERENCE:
         # The same step again: how far the reference is from itself (the GPU's run-to-run noise, which
         # the other variants' differences are to be read against; 0 on CPU).
@@ -291,7 +291,7 @@ def run_variant(variant, args, device, dtype, state, batch):
         again = compute_loss(model, batch)
         again.backward()
         result["self_loss_equal"] = again.item() == loss.item()
-        result["grads_vs_itself"] = compare_grads(step1_grads(model), result["step1_grads"])
+        result["grads_vs_itself"] = compare_grads(grads_of(model), result["step1_grads"])
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     result["losses"].append(loss.item())
