@@ -1,6 +1,7 @@
 """The documentation stays true to the tree and the package: every relative link in README.md and
 docs/**/*.md resolves to an existing file (and an #anchor into a markdown file to one of its
-headings, as GitHub names them), and every `torch_offload.<name>` shown in code imports."""
+headings, as GitHub names them), every `torch_offload.<name>` shown in code imports, and every
+table row has as many cells as its header."""
 import importlib
 import re
 from pathlib import Path
@@ -189,3 +190,36 @@ def test_every_record_backs_a_published_figure():
     assert len(files) <= 50, f"{len(files)} files in benchmarks/records/, at most 50"
     size = sum(p.stat().st_size for p in files)
     assert size < 2_000_000, f"benchmarks/records/ holds {size} bytes, under 2 MB"
+
+
+_DELIMITER_ROW = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
+
+
+def _cells(row: str) -> int:
+    """The cells of a table row, split as GitHub does: at every pipe not escaped with a backslash."""
+    row = row.strip()
+    row = row[1:] if row.startswith("|") else row
+    row = row[:-1] if row.endswith("|") and not row.endswith("\\|") else row
+    return len(re.split(r"(?<!\\)\|", row))
+
+
+def _table_rows(text: str):
+    """(row, cells, header cells) of every body row of every table in the prose."""
+    lines = _split(text)[0].splitlines()
+    header = None
+    for number, line in enumerate(lines):
+        if not line.lstrip().startswith("|"):
+            header = None
+        elif header is None:
+            following = lines[number + 1] if number + 1 < len(lines) else ""
+            header = _cells(line) if _DELIMITER_ROW.match(following) else None
+        elif not _DELIMITER_ROW.match(line):
+            yield line, _cells(line), header
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_ids(DOCS))
+def test_table_rows_have_their_headers_cells(doc):
+    """A row with a cell too few or too many renders its figures under the wrong columns."""
+    wrong = [f"{cells} cells, its header {header}: {row[:100]}"
+             for row, cells, header in _table_rows(doc.read_text(encoding="utf-8")) if cells != header]
+    assert not wrong, f"{doc.relative_to(ROOT)} has table rows that do not match their header:\n" + "\n".join(wrong)
