@@ -28,6 +28,8 @@ sharded, then materialised: no rank ever holds the whole model). Variants:
   lc_after   apply(model, long_context=True) after fully_shard: boundaries offloaded, chunked loss,
              tiled MLP and norms; layer offloading stays off on sharded blocks (handle.explain(),
              recorded)
+  none       FSDP2 alone: no checkpointing, nothing offloaded (the peer of all, which recomputes
+             nothing either)
 --lora: PEFT LoRA r 16, alpha 32 on q/k/v/o/gate/up/down, the base frozen (the adapters in fp32, as
 PEFT upcasts them), wrapped on the meta device before fully_shard; ckpt variants call PEFT's
 enable_input_require_grads as its recipes do.
@@ -114,7 +116,7 @@ from benchmarks.common import (GB, SHAPES, TINY, add_run_args, agree, build_llam
                                worst_rank)
 
 VARIANTS = ("ckpt", "hf_offload", "hs_before", "hs_after", "hs_chunked", "all", "all_link", "sel", "sel_link",
-            "sel_qkv", "sel_qkv_link", "auto", "ckpt_chunked", "lc_after")
+            "sel_qkv", "sel_qkv_link", "auto", "ckpt_chunked", "lc_after", "none")
 # Variants with the model's own gradient checkpointing.
 CHECKPOINTED = ("ckpt", "hf_offload", "ckpt_chunked")
 # Variants applied after fully_shard: (mode, options); mode "default": apply's default mode, called
@@ -257,7 +259,7 @@ def host_parts(args, model, shape: dict, seq: int, variant: str) -> dict:
              "gradients": sum(p.to_local().numel() * p.element_size() for p in trainable)}
     if args.optimizer == "adamw":
         parts["adamw_moments"] = 2 * parts["gradients"]
-    if variant not in CHECKPOINTED:
+    if variant not in CHECKPOINTED + ("none",):
         parts["boundaries"] = shape["layers"] * seq * shape["hidden"] * args.elem_bytes
     return {part: size / GB for part, size in parts.items()}
 
@@ -444,9 +446,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, seqs="16384,32768,65536", steps=3)
     p.add_argument("--shape", default="reference", choices=sorted(SHAPES))
-    # The default leaves out the variants added for LoRA and CPUOffloadPolicy runs: the default
-    # commands above keep their time.
-    p.add_argument("--variants", default=",".join(v for v in VARIANTS if v not in ("ckpt_chunked", "lc_after")))
+    # The default leaves out the variants added for LoRA, CPUOffloadPolicy and `all`'s peer: the
+    # default commands above keep their time.
+    p.add_argument("--variants", default=",".join(v for v in VARIANTS if v not in ("ckpt_chunked", "lc_after", "none")))
     p.add_argument("--all-seqs", default="16384", help="lengths at which the all variant runs")
     p.add_argument("--longest", action="store_true", help="run the longest-sequence search")
     p.add_argument("--longest-shape", default="llama3_8b", choices=sorted(SHAPES))
@@ -470,6 +472,9 @@ def main():
     args = finish_run_args(p.parse_args(), SHAPES[p.parse_args().shape])
     if args.layers:
         args.config = dict(args.config, layers=args.layers)
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:  # a misspelt variant would otherwise run as FSDP2 alone
+        p.error(f"--variants {args.variants}: unknown variant(s) {unknown}; choose from {VARIANTS}")
     args.longest_variants = ["ckpt"] + [v for v in args.longest_ours.split(",") if v]
     unknown = [v for v in args.longest_variants[1:] if v not in VARIANTS[1:]]
     if unknown:

@@ -90,14 +90,15 @@ def _torchrun(script: str, *options) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_bench_fsdp2_cpu_smoke(tmp_path):
     _torchrun("bench_fsdp2.py", "--seqs", "64", "--warmup", "1", "--steps", "1", "--longest", "--out", str(tmp_path),
-              "--variants", "ckpt,hf_offload,hs_before,hs_after,hs_chunked,all,all_link,sel,sel_link,auto")
+              "--variants", "ckpt,hf_offload,hs_before,hs_after,hs_chunked,all,all_link,sel,sel_link,auto,none")
     result = json.loads((tmp_path / "fsdp2_cpux2_tiny.json").read_text())
     assert [(r["variant"], r["seq"]) for r in result["runs"]] == [
         ("ckpt", 64), ("hf_offload", 64), ("hs_before", 64), ("hs_after", 64), ("hs_chunked", 64), ("all", 64),
-        ("all_link", 64), ("sel", 64), ("sel_link", 64), ("auto", 64)]
+        ("all_link", 64), ("sel", 64), ("sel_link", 64), ("auto", 64), ("none", 64)]
     assert all("error" not in r and len(r["per_rank"]) == 2 for r in result["runs"])
     runs = {r["variant"]: r for r in result["runs"]}
-    assert all(runs[v]["GB_to_host_per_step"] > 0 for v in runs if v not in ("ckpt", "hf_offload", "auto"))
+    assert all(runs[v]["GB_to_host_per_step"] > 0 for v in runs if v not in ("ckpt", "hf_offload", "auto", "none"))
+    assert not runs["none"].get("GB_to_host_per_step")  # FSDP2 alone, `all`'s peer: nothing moves
     # The link throttle (on CPU it measures nothing: every block offloads); auto chose, the same on
     # both ranks.
     assert [r["policy_blocks"] for r in runs["sel_link"]["per_rank"]] == [3, 3]
@@ -108,6 +109,13 @@ def test_bench_fsdp2_cpu_smoke(tmp_path):
     assert result["longest"] == {"ckpt": 256, "hs_before": 256, "hs_chunked": 256}
     assert [r["variant"] for r in result["longest_timed"]] == ["ckpt", "hs_before", "hs_chunked"]
     assert (tmp_path / "fsdp2_cpux2_tiny.md").exists()
+
+
+def test_bench_fsdp2_refuses_an_unknown_variant():
+    # A misspelt variant would otherwise run as FSDP2 alone and be published under its name.
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_fsdp2.py"), "--device", "cpu", "--tiny",
+                           "--variants", "ckpt,hs_aftr"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "unknown variant(s) ['hs_aftr']" in done.stderr
 
 
 @pytest.mark.slow
