@@ -46,8 +46,9 @@ variant's peak. Host memory per rank: the process's peak RSS since it started (r
 lifetime peak, so the largest variant run so far) and the host's MemAvailable before the model is
 built and after the measured steps (the whole node's, so the other ranks' use shows too); with
 --cpu-offload, the host bytes per part computed from the rank's shards (host_parts_GB).
-Per rank: median step time, tokens/s, peak allocated / reserved GPU memory over the measured steps,
-bytes moved (manager stats). Per variant against ckpt: tokens/s ratio and peak memory freed over
+Per rank: median step time, tokens/s, peak allocated / reserved GPU memory over the measured steps
+(and the allocated peak by the end of the first measured step's forward), bytes moved (manager
+stats). Per variant against ckpt: tokens/s ratio and peak memory freed over
 the checkpoint-boundary bytes L*S*h*elem of one rank.
 
 --longest: the longest sequence per rank that trains (one step, warm-up included) for ckpt and for
@@ -305,6 +306,9 @@ def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> d
         ids = torch.randint(0, shape["vocab"], (1, seq), device=args.device)
 
         clock = PhaseClock(args.device) if args.phases else None
+        # The first measured step's allocated peak up to the end of its forward: beside the step's
+        # peak, whether that falls in the forward (the saves all live) or later.
+        forward_peak, measuring = [], []
 
         def step():
             if clock:
@@ -315,6 +319,8 @@ def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> d
                 raise RuntimeError(f"{variant}: the model returned the logits: its loss is not the chunked one")
             if clock:
                 clock.lap("forward")
+            if measuring and not forward_peak and args.device == "cuda":
+                forward_peak.append(torch.cuda.max_memory_allocated())
             output.loss.backward()
             del output
             if clock:
@@ -339,7 +345,10 @@ def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> d
             torch.cuda.reset_peak_memory_stats()
         if clock:
             clock.laps.clear()  # the measured steps only
+        measuring.append(True)
         row.update(timed_steps(step, steps, seq, args.device))
+        if forward_peak:
+            row["forward_peak_allocated_GB"] = forward_peak[0] / GB
         if clock:
             row["phase_s"] = clock.medians()
         if handle is not None:
@@ -371,8 +380,8 @@ def summarise(rows: list, shape: dict, elem_bytes: int) -> dict:
     if errors:
         out["error"] = ",".join(errors)
         return out
-    out.update(worst_rank(rows, keys=("peak_allocated_GB", "peak_reserved_GB", "step_s", "GB_to_host_per_step",
-                                      "host_rss_peak_GB")))
+    out.update(worst_rank(rows, keys=("peak_allocated_GB", "peak_reserved_GB", "forward_peak_allocated_GB",
+                                      "step_s", "GB_to_host_per_step", "host_rss_peak_GB")))
     out["optimizer"] = first["optimizer"]
     out["tokens_per_s_total"] = sum(r["seq"] for r in rows) / out["step_s"]
     out["boundary_GB"] = shape["layers"] * first["seq"] * shape["hidden"] * elem_bytes / GB
