@@ -306,9 +306,9 @@ def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> d
         ids = torch.randint(0, shape["vocab"], (1, seq), device=args.device)
 
         clock = PhaseClock(args.device) if args.phases else None
-        # The first measured step's allocated peak up to the end of its forward: beside the step's
-        # peak, whether that falls in the forward (the saves all live) or later.
-        forward_peak, measuring = [], []
+        # The allocated peak up to the end of each forward; the first measured step's, beside the
+        # step's peak, says whether that falls in the forward (the saves all live) or later.
+        forward_peaks = []
 
         def step():
             if clock:
@@ -319,8 +319,8 @@ def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> d
                 raise RuntimeError(f"{variant}: the model returned the logits: its loss is not the chunked one")
             if clock:
                 clock.lap("forward")
-            if measuring and not forward_peak and args.device == "cuda":
-                forward_peak.append(torch.cuda.max_memory_allocated())
+            if args.device == "cuda":
+                forward_peaks.append(torch.cuda.max_memory_allocated())
             output.loss.backward()
             del output
             if clock:
@@ -345,10 +345,10 @@ def run(args, shape: dict, seq: int, variant: str, warmup: int, steps: int) -> d
             torch.cuda.reset_peak_memory_stats()
         if clock:
             clock.laps.clear()  # the measured steps only
-        measuring.append(True)
+        forward_peaks.clear()  # the measured steps only
         row.update(timed_steps(step, steps, seq, args.device))
-        if forward_peak:
-            row["forward_peak_allocated_GB"] = forward_peak[0] / GB
+        if forward_peaks:
+            row["forward_peak_allocated_GB"] = forward_peaks[0] / GB
         if clock:
             row["phase_s"] = clock.medians()
         if handle is not None:
