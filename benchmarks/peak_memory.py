@@ -12,16 +12,28 @@ Variants (comma-separated, one process, same model shape):
   ours_selective_compiled              torch_offload.compile(model, "selective") (policy "attention");
   ours_selective_compiled_prefetchN    the same with a manager that prefetches N saves ahead
   fsdp_ckpt, fsdp_ours_before, fsdp_ours_after
-                                       FSDP2 on a 1-rank NCCL group (fully_shard per layer + root):
-                                       checkpointing / apply before / after fully_shard
+                                       FSDP2 (fully_shard per layer + root; a 1-rank NCCL group when
+                                       not under torchrun): checkpointing / apply before / after
+                                       fully_shard
+  fsdp_ckpt_chunked, fsdp_lc_after     FSDP2 + checkpointing + apply(model, None, chunked_loss=True) /
+                                       apply(model, long_context=True), both after fully_shard
   VARIANT_causal                       the variant with torch_offload.sdpa_is_causal(model) first
   VARIANT_detach, VARIANT_causal_detach  with torch_offload.detach_logits(model) first (and both)
+
+At each peak the live allocations are also put in classes: when they were allocated (forward or
+backward); FSDP2's all-gathered parameters and its reduce-scatter buffers (the gradient shards); in
+forward, tensors of one block input's size (the saved boundaries); in backward, our restores.
+--shape llama3_8b: the Llama-3-8B shape (every parameter trained, no optimizer step) in place of the
+reference model.
 
 Writes <out>/peak_memory.json (without --out, into a new temporary folder) and prints each variant's
 peaks; snapshots (pickles, for https://pytorch.org/memory_viz) are written with --pickles.
 
 GPU: python3 benchmarks/peak_memory.py --out DIR --layers 8 --seqs 16384 --variants ckpt_compiled,ours_compiled
      torchrun --nproc_per_node=2 benchmarks/peak_memory.py --out DIR --variants fsdp_ckpt,fsdp_ours_before
+     FSDP2, 8B shape, 64K tokens per rank, one launch per variant (fresh memory), V one of
+     fsdp_ckpt_chunked, fsdp_lc_after:
+     torchrun --standalone --nproc_per_node=2 benchmarks/peak_memory.py --out DIR --shape llama3_8b --seqs 65536 --variants V
 """
 import argparse
 import json
@@ -37,17 +49,25 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_offload  # noqa: E402
-from benchmarks.common import (GB, REFERENCE, add_out_arg, apply_hf_options, build_llama, output_dir,  # noqa: E402
+from benchmarks.common import (GB, SHAPES, add_out_arg, apply_hf_options, build_llama, output_dir,  # noqa: E402
                                release_memory, replay_allocations)
 
-_SKIP = ("/torch/", "/transformers/", "/contextlib.py", "/functools.py", "benchmarks/peak_memory.py")
+# Frames skipped in naming the allocating line: torch's own package, matched by its folder (a
+# virtual environment's own path may hold "/torch/"; "/site-packages/torch/" for a snapshot taken on
+# another machine), and wrappers.
+_TORCH_DIR = str(Path(torch.__file__).parent) + "/"
+_SKIP = ("/site-packages/torch/", "/contextlib.py", "/functools.py", "benchmarks/peak_memory.py")
+# FSDP2's functions whose allocations are its collectives' (torch.distributed.fsdp._fully_shard).
+_FSDP_ALL_GATHER = {"foreach_all_gather", "alloc_storage"}
+_FSDP_REDUCE = {"foreach_reduce"}
 
 
 def _site(frames):
-    """The allocating line: the first frame outside torch/transformers internals, else the first."""
+    """The allocating line: the innermost frame outside torch's internals (the model's own line, not
+    the wrappers around it), else the first."""
     for f in frames:
         name = f.get("filename", "")
-        if name and not any(s in name for s in _SKIP) and not name.startswith("??"):
+        if name and not any(s in name for s in _SKIP) and not name.startswith(("??", _TORCH_DIR)):
             return f
     for f in frames:
         if f.get("filename", "").endswith((".py",)):
@@ -61,11 +81,19 @@ def _describe(frame):
     return f"{where} | {text[:110]}"
 
 
-def _category(index: int, backward_start: int, size: int, frames, stream) -> str:
+def _category(index: int, backward_start: int, size: int, frames, stream, block_input_bytes: int = 0) -> str:
     """A coarse class for a live allocation, to compare two variants' peaks: when it was allocated,
-    on which stream, by our restore op or not, and its size."""
-    if index < backward_start:
-        return "allocated in forward"
+    by FSDP2's collectives (unsharded parameters; gradient shards and their buffers) or not, in
+    forward a block input's size or not, in backward by our restore op (prefetched on a side stream)
+    or not, and its size."""
+    phase = "forward" if index < backward_start else "backward"
+    functions = {f.get("name") for f in frames}
+    if functions & _FSDP_ALL_GATHER:
+        return f"{phase}, FSDP2 all-gather (unsharded parameters)"
+    if functions & _FSDP_REDUCE:
+        return f"{phase}, FSDP2 reduce-scatter (gradient shards, their buffers)"
+    if phase == "forward":
+        return "forward, block input size" if size == block_input_bytes else "allocated in forward"
     if stream:
         return "backward, side stream (prefetched restores)"
     if any("offload_restore" in linecache.getline(f.get("filename", ""), f.get("line", 0)) for f in frames[:3]):
@@ -73,7 +101,7 @@ def _category(index: int, backward_start: int, size: int, frames, stream) -> str
     return "backward, " + (">= 100 MB" if size >= 100e6 else ">= 10 MB" if size >= 10e6 else "< 10 MB")
 
 
-def analyse(snapshot, baseline: int, marks: dict, top: int = 14) -> dict:
+def analyse(snapshot, baseline: int, marks: dict, top: int = 14, block_input_bytes: int = 0) -> dict:
     """Replays the allocation trace: peak per phase (forward = events before the backward mark)
     and the live allocations at each peak, grouped by allocating line and by _category."""
     trace = snapshot["device_traces"][0]
@@ -101,7 +129,8 @@ def analyse(snapshot, baseline: int, marks: dict, top: int = 14) -> dict:
             key = _describe(_site(frames)) + (f" [stream {stream}]" if stream else "")
             groups[key][0] += size
             groups[key][1] += 1
-            category = categories[_category(allocated_at, backward_start, size, frames, stream)]
+            category = categories[_category(allocated_at, backward_start, size, frames, stream,
+                                            block_input_bytes)]
             category[0] += size
             category[1] += 1
         ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]
@@ -187,7 +216,7 @@ def build_variant(variant, config, seq):
     model = build_llama(config, "cuda", seq)
     variant = apply_hf_options(variant, model)
     handle = None
-    if variant in ("ckpt_eager", "ckpt_compiled", "fsdp_ckpt"):
+    if variant in ("ckpt_eager", "ckpt_compiled", "fsdp_ckpt", "fsdp_ckpt_chunked"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if variant == "fsdp_ours_before":
         handle = torch_offload.apply(model, "hidden_states")
@@ -195,6 +224,10 @@ def build_variant(variant, config, seq):
         _shard(model)
     if variant in ("ours_eager", "fsdp_ours_after"):
         handle = torch_offload.apply(model, "hidden_states")
+    elif variant == "fsdp_ckpt_chunked":  # the chunked loss only; the model's checkpointing stays
+        handle = torch_offload.apply(model, None, chunked_loss=True)
+    elif variant == "fsdp_lc_after":
+        handle = torch_offload.apply(model, long_context=True)
     step_model = model
     if variant == "ckpt_compiled":
         step_model = torch.compile(model, fullgraph=True, dynamic=False)
@@ -237,10 +270,10 @@ def run(args, variant, seq, out: Path):
     fwd_peak = step(record=True)
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    row = {"variant": variant, "seq": seq, "warm_s": warm_s, "baseline_GB": baseline / GB,
+    row = {"variant": variant, "seq": seq, "warm_s": warm_s, "baseline_GB": baseline / GB, **marks,
            "forward_peak_GB": fwd_peak / GB, "step_peak_GB": torch.cuda.max_memory_allocated() / GB,
            "boundary_GB": args.config["layers"] * seq * args.config["hidden"] * 2 / GB}
-    row["phases"] = analyse(snapshot, baseline, marks, args.top)
+    row["phases"] = analyse(snapshot, baseline, marks, args.top, seq * args.config["hidden"] * 2)
     row["backward_profile_GB"] = backward_profile(snapshot, baseline, marks)
     row["boundary_bound"] = bound = boundary_bound(snapshot, baseline, marks, seq * args.config["hidden"] * 2,
                                                    args.config["layers"])
@@ -248,8 +281,9 @@ def run(args, variant, seq, out: Path):
     bound["freeable_fraction"] = bound["freeable_GB"] / row["boundary_GB"]
     if handle is not None or hasattr(step_model, "offload_partitioner"):
         manager = handle.manager if handle is not None else step_model.offload_partitioner.manager
-        row["stats"] = {k: v for k, v in dict(manager.stats()).items()}
-    if args.pickles:
+        if manager is not None:  # apply(model, None, chunked_loss=True) offloads nothing
+            row["stats"] = {k: v for k, v in dict(manager.stats()).items()}
+    if args.pickles and _is_rank0():
         with open(out / f"snapshot_{variant}_{seq}.pickle", "wb") as f:
             pickle.dump(snapshot, f)
     del snapshot, step_model, model, handle
@@ -283,12 +317,15 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", default="ckpt_compiled,ours_compiled")
     p.add_argument("--seqs", default="16384")
-    p.add_argument("--layers", type=int, default=REFERENCE["layers"])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="reference")
+    p.add_argument("--layers", type=int, help="the shape with this many decoder layers")
     add_out_arg(p)
     p.add_argument("--pickles", action="store_true")
     p.add_argument("--top", type=int, default=14, help="allocating lines listed at each peak")
     args = p.parse_args()
-    args.config = dict(REFERENCE, layers=args.layers)
+    args.config = dict(SHAPES[args.shape])
+    if args.layers:
+        args.config["layers"] = args.layers
     out = output_dir(args, prefix="torch_offload_peak_memory_")
     rows = []
     with torch.compiler.config.patch(force_disable_caches=True):
