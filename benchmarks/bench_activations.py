@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark and checks of torch_offload's `all`, `sync` and `disk` modes (every saved activation
+r"""Benchmark and checks of torch_offload's `all`, `sync` and `disk` modes (every saved activation
 offloaded, no recompute) against no offloading and torch.autograd.graph.save_on_cpu.
 
 One process, one random-init LlamaForCausalLM (the reference shape, bf16, SDPA, batch 1):

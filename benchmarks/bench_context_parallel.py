@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One sequence split over the GPUs: FSDP2 + torch's context parallelism (ring attention) + torch_offload.
+r"""One sequence split over the GPUs: FSDP2 + torch's context parallelism (ring attention) + torch_offload.
 
 Launched with torchrun, one process per GPU (NCCL). No communication of our own: the sequence is
 sharded by torch.distributed.tensor.experimental.context_parallel, attention is torch's ring

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""torch_offload under FSDP2 (fully_shard), one process per GPU, launched with torchrun.
+r"""torch_offload under FSDP2 (fully_shard), one process per GPU, launched with torchrun.
 
 Model: the reference Llama (or --shape llama3_8b), random init, bf16 on CUDA (fp32 on CPU),
 SDPA, batch 1 per rank, fully_shard on every decoder layer and the root (built on the meta device,

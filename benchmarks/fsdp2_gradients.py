@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Gradients of each mode under FSDP2 on several GPUs against FSDP2 + torch's checkpointing.
+r"""Gradients of each mode under FSDP2 on several GPUs against FSDP2 + torch's checkpointing.
 
 Launched with torchrun, one process per GPU (NCCL). The Llama --shape (default the reference) with
 --layers decoder layers, fully_shard per layer and root (bench_fsdp2.build_sharded, every variant
