@@ -36,7 +36,10 @@ then reported as "at least". Every try is recorded (length, fits, step seconds, 
 --seqs: timed steps (--warmup, then the median of --steps) at each length: step time, tokens/s, peak
 allocated / reserved GPU memory; for ours the engine's statistics over the measured steps (host
 peak, bytes to host, disk bytes written, spills; the frozen weights' copies) and handle.explain().
-An out-of-memory length is recorded as OOM. --timed-longest: each variant timed at its own longest
+An out-of-memory length is recorded as OOM. --snapshot (CUDA): one more step after the measured ones
+under CUDA's allocation history; the row's snapshot holds what is live at that step's forward and
+backward peaks (benchmarks/peak_memory.py's analyse; the backward's includes AdamW's step), by class
+and by allocating line. --timed-longest: each variant timed at its own longest
 length; --timed-longest VARIANT: every variant timed at VARIANT's longest.
 --rounds N (or one number per --seqs length, e.g. 3,2): every variant N times per length, each run on
 a fresh model, in interleaved rounds; odd rounds run the variants in reverse order, so that drift of
@@ -61,6 +64,9 @@ GPU:       python3 benchmarks/bench_long_context.py --longest --variants ckpt,hf
            python3 benchmarks/bench_long_context.py --variants ckpt_liger,ours --seqs 65536 \\
                --rounds 3 --warmup 2 --steps 1 --deadline-s 440 --out DIR
            python3 benchmarks/bench_long_context.py --variants ours --seqs 262144 --warmup 0 --steps 1 --out DIR
+What holds each peak at 32K, ours with every layer offloaded beside its baseline (one H200, ~3 minutes):
+           python3 benchmarks/bench_long_context.py --variants ckpt_liger,ours_every_layer_offloaded \\
+               --seqs 32768 --warmup 1 --steps 1 --snapshot --out DIR
 CPU smoke: python benchmarks/bench_long_context.py --device cpu --tiny --longest --out DIR
 """
 import argparse
@@ -80,6 +86,7 @@ import torch_offload  # noqa: E402
 from torch_offload._library.node_budget import host_memory_bytes  # noqa: E402
 from benchmarks.common import (GB, LLAMA3_8B, add_run_args, build_llama, finish_run_args, log,  # noqa: E402
                                longest_fitting, new_result, output_dir, release_memory, table, timed_steps)
+from benchmarks.peak_memory import analyse, mark_backward, record_step  # noqa: E402
 
 VARIANTS = ("ckpt", "ckpt_liger", "ckpt_chunked", "hf_offload", "hf_offload_liger", "ours",
             "ours_every_layer_offloaded", "ours_weights_on_gpu", "ours_untiled", "ours_loss_grads_in_backward")
@@ -218,7 +225,7 @@ def train(args, variant: str, seq: int, warmup: int, steps: int) -> dict:
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
         ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
 
-        def step():
+        def step(marks=None):
             if 0 < args.cpu_oom_above < seq:
                 raise torch.OutOfMemoryError(f"out of memory (--cpu-oom-above {args.cpu_oom_above})")
             output = model(input_ids=ids, labels=ids)
@@ -227,6 +234,7 @@ def train(args, variant: str, seq: int, warmup: int, steps: int) -> dict:
             if variant not in FULL_LOGITS and output.logits is not None:
                 raise RuntimeError(f"{variant}: the model returned the logits: its loss is not the fused or "
                                    "chunked one")
+            mark_backward(marks)
             output.loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -244,6 +252,8 @@ def train(args, variant: str, seq: int, warmup: int, steps: int) -> dict:
         if handle is not None:
             handle.manager.synchronize()
             row.update(offload_fields(handle, steps))
+        if args.snapshot:
+            row["snapshot"] = snapshot(step, seq * args.config["hidden"] * 2)
         return row
     finally:
         # A failure here must not hide the step's own error (an out-of-memory one is a result).
@@ -255,6 +265,14 @@ def train(args, variant: str, seq: int, warmup: int, steps: int) -> dict:
                 done()
             except Exception:  # noqa: BLE001
                 traceback.print_exc()
+
+
+def snapshot(step, block_input_bytes: int) -> dict:
+    """--snapshot: one more step under CUDA's allocation history; what is live at its forward and
+    backward peaks (peak_memory.analyse: by class and by allocating line)."""
+    _, trace, baseline, marks = record_step(step)
+    return {"baseline_GB": baseline / GB, **marks,
+            "phases": analyse(trace, baseline, marks, top=24, block_input_bytes=block_input_bytes)}
 
 
 def check_released(args, result: dict, what: str) -> None:
@@ -513,6 +531,9 @@ def main():
                    help="after --longest, time each variant at its own longest length, or at VARIANT's")
     p.add_argument("--cpu-oom-above", type=int, default=0,
                    help="smoke tests: a step longer than this raises out of memory (exercises the bisection)")
+    p.add_argument("--snapshot", action="store_true",
+                   help="CUDA: after each timed run's measured steps, one more step under CUDA's allocation history; "
+                        "its row's snapshot holds what is live at the forward's and the backward's peaks")
     args = p.parse_args()
     args.t0 = time.monotonic()
     shape = dict(SHAPES[args.shape])
@@ -538,6 +559,8 @@ def main():
         args.rounds_list *= len(args.seq_list)
     if len(args.rounds_list) != len(args.seq_list) or min(args.rounds_list, default=1) < 1:
         p.error(f"--rounds {args.rounds}: expected one number >= 1, or one per --seqs length ({len(args.seq_list)})")
+    if args.snapshot and args.device != "cuda":
+        p.error("--snapshot records CUDA's allocation history: run it with --device cuda")
     liger = [v for v in dict.fromkeys(variants + searched) if v in LIGER_VARIANTS]
     if liger and args.device != "cuda":
         p.error(f"{','.join(liger)}: Liger Kernel's fused linear cross entropy is a Triton kernel, which needs "

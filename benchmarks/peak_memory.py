@@ -186,6 +186,27 @@ def boundary_bound(snapshot, baseline: int, marks: dict, boundary_bytes: int, la
             "events": len(trace)}
 
 
+def mark_backward(marks) -> None:
+    """Inside a step run by record_step, as its backward starts: marks where, in the trace, the
+    forward ends (analyse's phases). Does nothing outside record_step (marks None)."""
+    if marks is not None:
+        marks["backward_event"] = len(torch.cuda.memory._snapshot()["device_traces"][0])
+
+
+def record_step(step):
+    """Runs step(marks) once with CUDA's allocation history on: (what it returns, the snapshot, the
+    bytes allocated before it, marks). The step calls mark_backward(marks) as its backward starts."""
+    torch.cuda.synchronize()
+    baseline, marks = torch.cuda.memory_allocated(), {}
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    try:
+        value = step(marks)
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return value, snapshot, baseline, marks
+
+
 def _fsdp_group():
     """The NCCL group: torchrun's ranks, or one rank of our own when run as a plain script."""
     import torch.distributed as dist
@@ -246,14 +267,12 @@ def run(args, variant, seq, out: Path):
     model, step_model, handle = build_variant(variant, args.config, seq)
     torch.manual_seed(int(os.environ.get("RANK", 0)))  # each rank its own batch
     ids = torch.randint(0, args.config["vocab"], (1, seq), device="cuda")
-    marks = {}
 
-    def step(record=False):
+    def step(marks=None):
         loss = step_model(input_ids=ids, labels=ids).loss
         torch.cuda.synchronize()
         fwd_peak = torch.cuda.max_memory_allocated()
-        if record:
-            marks["backward_event"] = len(torch.cuda.memory._snapshot()["device_traces"][0])
+        mark_backward(marks)
         loss.backward()
         torch.cuda.synchronize()
         model.zero_grad(set_to_none=True)
@@ -265,11 +284,7 @@ def run(args, variant, seq, out: Path):
     warm_s = time.perf_counter() - t
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    baseline = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
-    fwd_peak = step(record=True)
-    snapshot = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
+    fwd_peak, snapshot, baseline, marks = record_step(step)
     row = {"variant": variant, "seq": seq, "warm_s": warm_s, "baseline_GB": baseline / GB, **marks,
            "forward_peak_GB": fwd_peak / GB, "step_peak_GB": torch.cuda.max_memory_allocated() / GB,
            "boundary_GB": args.config["layers"] * seq * args.config["hidden"] * 2 / GB}

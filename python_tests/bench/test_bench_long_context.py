@@ -2,7 +2,7 @@
 reports the bytes it moved, the longest search finds its length through doubling, an out-of-memory
 try (simulated with --cpu-oom-above) and bisection, and the JSON, markdown and PNG are written.
 --rounds runs the variants in interleaved rounds, odd rounds reversed, and summarises them against a
-baseline; the Liger variants are refused on CPU."""
+baseline; the Liger variants and --snapshot are refused on CPU."""
 import json
 import math
 import subprocess
@@ -91,4 +91,11 @@ def test_bench_long_context_liger_refused_on_cpu(tmp_path):
     run = run_script("--variants", "ckpt,ckpt_liger", out=tmp_path)
     assert run.returncode == 2
     assert "ckpt_liger" in run.stderr and "needs CUDA" in run.stderr and "--device cuda" in run.stderr
+    assert not (tmp_path / "long_context.json").exists()
+
+
+def test_bench_long_context_snapshot_refused_on_cpu(tmp_path):
+    run = run_script("--variants", "ckpt", "--snapshot", out=tmp_path)
+    assert run.returncode == 2
+    assert "--snapshot" in run.stderr and "--device cuda" in run.stderr
     assert not (tmp_path / "long_context.json").exists()
