@@ -64,6 +64,9 @@ Modes (run in this order, results written after every run):
                      ranks (benchmarks/common.py longest_fitting), bounded by --longest-budget-s.
   --seqs             timed runs (--warmup, --steps) of --variants at each total length.
 --deadline-s: no run starts after it (all ranks agree); what was skipped is recorded.
+--snapshot (CUDA): after each timed run's measured steps, one more step under CUDA's allocation
+history; each rank's row holds what is live at that step's forward and backward (the optimizer's
+step included) peaks (benchmarks/peak_memory.py's analyse), by class and by allocating line.
 
 Rank 0 writes <out>/context_parallel_<gpu>x<N>.json and .md, and a .png of the timed runs (peak memory of
 the fuller rank and tokens/s against the total length, one line per variant; needs matplotlib).
@@ -106,6 +109,7 @@ import torch_offload  # noqa: E402
 from benchmarks.common import (GB, LLAMA3_8B, TINY, add_run_args, agree, build_llama, exit_without_finalising,  # noqa: E402
                                gather, init_ranks, log, longest_fitting, new_result, output_dir, past_deadline,
                                release_memory, short_gpu_name, table, timed_steps, worst_rank)
+from benchmarks.peak_memory import mark_backward, snapshot_row  # noqa: E402
 
 VARIANTS = ("plain", "ckpt", "ckpt_chunked", "ours", "ours_no_tiles")
 ATTENTION = "torch_offload_cp_sdpa"
@@ -240,8 +244,9 @@ def sdpa_context(args, dtype):
                         "cudnn": SDPBackend.CUDNN_ATTENTION}[args.sdpa])
 
 
-def cp_step(args, model, mesh, tokens, dtype, optimizer=None):
-    """One training step of the whole sequence, split over `mesh`: returns the global mean loss."""
+def cp_step(args, model, mesh, tokens, dtype, optimizer=None, marks=None):
+    """One training step of the whole sequence, split over `mesh`: returns the global mean loss.
+    marks: record_step's (--snapshot)."""
     ids, positions, shift_labels, valid = (t.clone() if torch.is_tensor(t) else t for t in tokens)
     world = mesh.size()
     if args.device == "cuda":
@@ -254,6 +259,7 @@ def cp_step(args, model, mesh, tokens, dtype, optimizer=None):
     with shard, sdpa_context(args, dtype):
         loss = model(input_ids=ids, position_ids=positions, labels=shift_labels, shift_labels=shift_labels,
                      num_items_in_batch=valid / world).loss
+        mark_backward(marks)
         loss.backward()
     if optimizer is not None:
         optimizer.step()
@@ -335,6 +341,10 @@ def run(args, mesh, shape: dict, seq: int, variant: str, warmup: int, steps: int
             row["stats"] = stats
             if handle.notes:  # long_context: what it turned on and why
                 row["explain"] = handle.explain()
+        if args.snapshot:
+            block_input_bytes = row["local_seq"] * shape["hidden"] * torch.finfo(args.dtype).bits // 8
+            row["snapshot"] = snapshot_row(
+                lambda marks: cp_step(args, model, mesh, tokens, args.dtype, optimizer, marks), block_input_bytes)
     except torch.OutOfMemoryError:
         row["error"] = "OOM"
         restore_sdpa()
@@ -534,7 +544,12 @@ def main():
     p.add_argument("--deadline-s", type=float, default=0.0, help="start no run after this many seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-s", type=int, default=900, help="collective timeout")
+    p.add_argument("--snapshot", action="store_true",
+                   help="CUDA: after each timed run's measured steps, one more step under CUDA's allocation history; "
+                        "each rank's row holds what is live at that step's forward and backward peaks")
     args = p.parse_args()
+    if args.snapshot and args.device != "cuda":
+        p.error("--snapshot records CUDA's allocation history: run it with --device cuda")
     args.config = dict(TINY if args.tiny else LLAMA3_8B)
     if args.layers:
         args.config["layers"] = args.layers

@@ -86,7 +86,7 @@ import torch_offload  # noqa: E402
 from torch_offload._library.node_budget import host_memory_bytes  # noqa: E402
 from benchmarks.common import (GB, LLAMA3_8B, add_run_args, build_llama, finish_run_args, log,  # noqa: E402
                                longest_fitting, new_result, output_dir, release_memory, table, timed_steps)
-from benchmarks.peak_memory import analyse, mark_backward, record_step  # noqa: E402
+from benchmarks.peak_memory import mark_backward, snapshot_row  # noqa: E402
 
 VARIANTS = ("ckpt", "ckpt_liger", "ckpt_chunked", "hf_offload", "hf_offload_liger", "ours",
             "ours_every_layer_offloaded", "ours_weights_on_gpu", "ours_untiled", "ours_loss_grads_in_backward")
@@ -253,7 +253,7 @@ def train(args, variant: str, seq: int, warmup: int, steps: int) -> dict:
             handle.manager.synchronize()
             row.update(offload_fields(handle, steps))
         if args.snapshot:
-            row["snapshot"] = snapshot(step, seq * args.config["hidden"] * 2)
+            row["snapshot"] = snapshot_row(step, seq * args.config["hidden"] * 2)
         return row
     finally:
         # A failure here must not hide the step's own error (an out-of-memory one is a result).
@@ -265,14 +265,6 @@ def train(args, variant: str, seq: int, warmup: int, steps: int) -> dict:
                 done()
             except Exception:  # noqa: BLE001
                 traceback.print_exc()
-
-
-def snapshot(step, block_input_bytes: int) -> dict:
-    """--snapshot: one more step under CUDA's allocation history; what is live at its forward and
-    backward peaks (peak_memory.analyse: by class and by allocating line)."""
-    _, trace, baseline, marks = record_step(step)
-    return {"baseline_GB": baseline / GB, **marks,
-            "phases": analyse(trace, baseline, marks, top=24, block_input_bytes=block_input_bytes)}
 
 
 def check_released(args, result: dict, what: str) -> None:

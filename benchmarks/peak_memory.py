@@ -190,12 +190,14 @@ def mark_backward(marks) -> None:
     """Inside a step run by record_step, as its backward starts: marks where, in the trace, the
     forward ends (analyse's phases). Does nothing outside record_step (marks None)."""
     if marks is not None:
-        marks["backward_event"] = len(torch.cuda.memory._snapshot()["device_traces"][0])
+        marks["backward_event"] = len(torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()])
 
 
 def record_step(step):
     """Runs step(marks) once with CUDA's allocation history on: (what it returns, the snapshot, the
-    bytes allocated before it, marks). The step calls mark_backward(marks) as its backward starts."""
+    bytes allocated before it, marks). The step calls mark_backward(marks) as its backward starts.
+    The snapshot keeps the current device's trace only, as device_traces[0] (under torchrun a rank's
+    own GPU), where analyse reads it."""
     torch.cuda.synchronize()
     baseline, marks = torch.cuda.memory_allocated(), {}
     torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
@@ -204,7 +206,16 @@ def record_step(step):
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
+    snapshot["device_traces"] = [snapshot["device_traces"][torch.cuda.current_device()]]
     return value, snapshot, baseline, marks
+
+
+def snapshot_row(step, block_input_bytes: int, top: int = 24) -> dict:
+    """A benchmark's --snapshot: one more step(marks) under CUDA's allocation history; what is live at
+    its forward and backward peaks (analyse: by class and by allocating line)."""
+    _, snapshot, baseline, marks = record_step(step)
+    return {"baseline_GB": baseline / GB, **marks,
+            "phases": analyse(snapshot, baseline, marks, top=top, block_input_bytes=block_input_bytes)}
 
 
 def _fsdp_group():

@@ -196,3 +196,10 @@ def test_bench_context_parallel_cpu_smoke(tmp_path):
     assert runs.keys() == {"ckpt", "ours"} and all("error" not in r for r in runs.values()), runs
     assert runs["ours"]["GB_to_host_per_step"] > 0 and runs["ours"]["local_seq"] == 32
     assert path.with_suffix(".png").stat().st_size > 0
+
+
+def test_bench_context_parallel_refuses_snapshot_on_cpu():
+    # --snapshot records CUDA's allocation history: on CPU it is refused before any rank starts.
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_context_parallel.py"), "--device", "cpu",
+                           "--tiny", "--snapshot"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--snapshot" in done.stderr and "--device cuda" in done.stderr
