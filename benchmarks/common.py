@@ -210,15 +210,15 @@ def median_rounds(runs: list) -> list:
 
 def replay_allocations(trace, baseline: int):
     """Replays a device trace: (whether the event allocated or freed, allocated bytes after it) for
-    each event."""
+    each event. A free of an allocation made before the trace comes off `baseline`."""
     sizes, total = {}, baseline
     for ev in trace:
         changed = True
         if ev["action"] == "alloc":
             sizes[ev["addr"]] = ev["size"]
             total += ev["size"]
-        elif ev["action"] == "free_completed" and ev["addr"] in sizes:
-            total -= sizes.pop(ev["addr"])
+        elif ev["action"] == "free_completed":
+            total -= sizes.pop(ev["addr"], ev.get("size", 0))
         else:
             changed = False
         yield changed, total

@@ -103,9 +103,11 @@ def _category(index: int, backward_start: int, size: int, frames, stream, block_
 
 def analyse(snapshot, baseline: int, marks: dict, top: int = 14, block_input_bytes: int = 0) -> dict:
     """Replays the allocation trace: peak per phase (forward = events before the backward mark)
-    and the live allocations at each peak, grouped by allocating line and by _category."""
+    and the live allocations at each peak, grouped by allocating line and by _category. A free of
+    an allocation made before the trace (part of `baseline`) lowers the total too: the peak is
+    baseline - baseline_freed + the live traced allocations."""
     trace = snapshot["device_traces"][0]
-    live, total = {}, 0
+    live, total, baseline_freed = {}, 0, 0
     phase_peaks = {}
     backward_start = marks.get("backward_event", len(trace))
     for i, ev in enumerate(trace):
@@ -115,15 +117,16 @@ def analyse(snapshot, baseline: int, marks: dict, top: int = 14, block_input_byt
             total += ev["size"]
         elif action == "free_completed":
             entry = live.pop(ev["addr"], None)
-            if entry is not None:
-                total -= entry[0]
+            size = entry[0] if entry is not None else ev.get("size", 0)
+            total -= size
+            baseline_freed += size if entry is None else 0
         else:
             continue
         phase = "forward" if i < backward_start else "backward"
         if total > phase_peaks.get(phase, (-1,))[0]:
-            phase_peaks[phase] = (total, dict(live), i)
+            phase_peaks[phase] = (total, dict(live), i, baseline_freed)
     out = {}
-    for phase, (peak, live_at_peak, index) in phase_peaks.items():
+    for phase, (peak, live_at_peak, index, freed) in phase_peaks.items():
         groups, categories = defaultdict(lambda: [0, 0]), defaultdict(lambda: [0, 0])
         for size, frames, stream, allocated_at in live_at_peak.values():
             key = _describe(_site(frames)) + (f" [stream {stream}]" if stream else "")
@@ -134,7 +137,8 @@ def analyse(snapshot, baseline: int, marks: dict, top: int = 14, block_input_byt
             category[0] += size
             category[1] += 1
         ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]
-        out[phase] = {"peak_GB": (baseline + peak) / GB, "traced_GB": peak / GB, "event": index,
+        out[phase] = {"peak_GB": (baseline + peak) / GB, "traced_GB": peak / GB, "baseline_freed_GB": freed / GB,
+                      "event": index,
                       "events": len(trace),
                       "top": [{"GB": b / GB, "count": n, "site": k} for k, (b, n) in ranked],
                       "categories": {k: {"GB": b / GB, "count": n} for k, (b, n) in sorted(categories.items())}}
@@ -174,8 +178,8 @@ def boundary_bound(snapshot, baseline: int, marks: dict, boundary_bytes: int, la
             sizes[ev["addr"]] = (ev["size"], is_boundary)
             total += ev["size"]
             live_boundaries += ev["size"] if is_boundary else 0
-        elif ev["action"] == "free_completed" and ev["addr"] in sizes:
-            size, is_boundary = sizes.pop(ev["addr"])
+        elif ev["action"] == "free_completed":
+            size, is_boundary = sizes.pop(ev["addr"], (ev.get("size", 0), False))  # not traced: baseline's
             total -= size
             live_boundaries -= size if is_boundary else 0
         else:
@@ -212,9 +216,11 @@ def record_step(step):
 
 def snapshot_row(step, block_input_bytes: int, top: int = 24) -> dict:
     """A benchmark's --snapshot: one more step(marks) under CUDA's allocation history; what is live at
-    its forward and backward peaks (analyse: by class and by allocating line)."""
+    its forward and backward peaks (analyse: by class and by allocating line), and the step's own
+    peak as torch counts it, which the trace's must equal."""
+    torch.cuda.reset_peak_memory_stats()
     _, snapshot, baseline, marks = record_step(step)
-    return {"baseline_GB": baseline / GB, **marks,
+    return {"baseline_GB": baseline / GB, **marks, "step_peak_GB": torch.cuda.max_memory_allocated() / GB,
             "phases": analyse(snapshot, baseline, marks, top=top, block_input_bytes=block_input_bytes)}
 
 
@@ -322,7 +328,8 @@ def print_row(row):
           f"{row['forward_peak_GB']:.2f}, step peak {row['step_peak_GB']:.2f}, boundary {row['boundary_GB']:.2f}",
           flush=True)
     for phase, info in row["phases"].items():
-        print(f"  -- {phase} peak {info['peak_GB']:.2f} GB at event {info['event']}/{info['events']}")
+        print(f"  -- {phase} peak {info['peak_GB']:.2f} GB at event {info['event']}/{info['events']} (of the "
+              f"baseline, {info['baseline_freed_GB']:.3f} GB freed by then)")
         for name, c in info.get("categories", {}).items():
             print(f"     [{name}] {c['GB']:.3f} GB in {c['count']}")
         for g in info["top"]:

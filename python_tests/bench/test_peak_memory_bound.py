@@ -70,3 +70,15 @@ def test_fsdp2_collectives_are_told_apart_from_the_model_and_from_restores():
                                         "backward, FSDP2 all-gather (unsharded parameters)": 40,
                                         "backward, FSDP2 reduce-scatter (gradient shards, their buffers)": 20,
                                         "backward, < 10 MB": 30})
+
+
+def test_an_allocation_from_before_the_trace_freed_in_the_step_lowers_the_peak():
+    # 50 bytes allocated before the trace (the baseline: a layer's weights prefetched by the last
+    # step) are freed in forward; the backward's 80-byte buffer then peaks at baseline - 50 + 80.
+    trace = [_alloc(1, 20), {"action": "free_completed", "addr": 99, "size": 50}, _alloc(2, 80), _free(2), _free(1)]
+    phases = analyse({"device_traces": [trace]}, 50, {"backward_event": 2})
+    assert phases["backward"]["peak_GB"] == pytest.approx((50 - 50 + 20 + 80) / GB)
+    assert phases["backward"]["baseline_freed_GB"] == pytest.approx(50 / GB)
+    assert phases["forward"]["peak_GB"] == pytest.approx((50 + 20) / GB)  # before the free
+    bound = boundary_bound({"device_traces": [trace]}, 50, {"backward_event": 2}, 20, 1)
+    assert bound["bound_peak_GB"] == pytest.approx(80 / GB)  # the boundary (1) and the freed 50 out
