@@ -299,15 +299,15 @@ def run(args, variant, seq, out: Path):
     step()
     step()
     warm_s = time.perf_counter() - t
-    torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    fwd_peak, snapshot, baseline, marks = record_step(step)
+    fwd_peak, snapshot, baseline, marks = record_step(step)  # synchronizes first
+    block_input_bytes = seq * args.config["hidden"] * 2  # bf16
     row = {"variant": variant, "seq": seq, "warm_s": warm_s, "baseline_GB": baseline / GB, **marks,
            "forward_peak_GB": fwd_peak / GB, "step_peak_GB": torch.cuda.max_memory_allocated() / GB,
-           "boundary_GB": args.config["layers"] * seq * args.config["hidden"] * 2 / GB}
-    row["phases"] = analyse(snapshot, baseline, marks, args.top, seq * args.config["hidden"] * 2)
+           "boundary_GB": args.config["layers"] * block_input_bytes / GB}
+    row["phases"] = analyse(snapshot, baseline, marks, args.top, block_input_bytes)
     row["backward_profile_GB"] = backward_profile(snapshot, baseline, marks)
-    row["boundary_bound"] = bound = boundary_bound(snapshot, baseline, marks, seq * args.config["hidden"] * 2,
+    row["boundary_bound"] = bound = boundary_bound(snapshot, baseline, marks, block_input_bytes,
                                                    args.config["layers"])
     bound["freeable_GB"] = row["step_peak_GB"] - bound["bound_peak_GB"]
     bound["freeable_fraction"] = bound["freeable_GB"] / row["boundary_GB"]
