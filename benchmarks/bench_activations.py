@@ -26,7 +26,8 @@ One process, one random-init LlamaForCausalLM (the reference shape, bf16, SDPA, 
 
 --rounds N: every run on a fresh model (step 2 only), N interleaved rounds per length, the order of
 the variants reversed every other round; the ratios of ours to the TRL variants (`all` to both, `hidden_states` to
-TRL with checkpointing) are then given per round, median (min-max). Without it one model serves every run, in the order given.
+TRL with checkpointing) and of every variant to plain training ("none", the record's `against_none`) are then
+given per round, median (min-max). Without it one model serves every run, in the order given.
 
 Writes <out>/activations_<gpu>.json and .md (without --out, into a new temporary folder).
 
@@ -244,6 +245,8 @@ def markdown(result):
         ("compute wait ms/step", "compute_wait_ms_per_step", "{:.0f}"),
         ("transfer bound s", "transfer_bound_s", "{:.3f}"), ("step / max(none, bound)", "ratio_to_bound", "{:.2f}")])
     lines += against_trl(result["runs"])
+    if result.get("against_none"):
+        lines += [""] + result["against_none"]
     n = result.get("noise")
     if n:
         lines += ["", f"Gradients at seq {n['seq']} ({n['dtype']}, SDPA), relative L2 error vs plain training: "
@@ -262,29 +265,49 @@ def against_trl(runs) -> list:
     (both recompute and offload the checkpoint inputs); `all` is given against both. Against TRL alone
     the targets, step <= 0.9x and peak <= 0.7x TRL's, on the medians."""
     lines = []
+    for variant in TRL_VARIANTS:
+        name = "TRL" if variant == "trl" else "TRL with checkpointing"
+        for (seq, mode), matched in matched_rounds(runs, OURS_AGAINST_TRL[variant], variant).items():
+            lines.append(ratio_line(seq, mode, name, matched, targets=mode == "all" and variant == "trl"))
+    return [""] + lines if lines else []
+
+
+def against_none(runs) -> list:
+    """Every other variant against plain training ("none") at its length, per round, as against_trl:
+    the step and peak ratios, median (min-max) over the rounds."""
+    others = sorted({r["variant"] for r in runs} - {"none"})
+    return [ratio_line(seq, mode, "plain training", matched)
+            for (seq, mode), matched in matched_rounds(runs, others, "none").items()]
+
+
+def matched_rounds(runs, modes, baseline) -> dict:
+    """{(seq, mode): [(ours, baseline's run), ...]}: each mode's run paired with `baseline`'s of the same
+    length and round, for the runs that finished a step."""
     by = {(r["variant"], r["seq"], r.get("round")): r for r in runs if "step_s" in r}
     pairs = {}
-    for (variant, seq, round_number), trl in by.items():
-        if variant not in TRL_VARIANTS:
+    for (variant, seq, round_number), base in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2] or 0)):
+        if variant != baseline:
             continue
-        for mode in OURS_AGAINST_TRL[variant]:
+        for mode in modes:
             ours = by.get((mode, seq, round_number))
             if ours is not None:
-                pairs.setdefault((seq, mode, variant), []).append((ours, trl))
-    for (seq, mode, variant), matched in sorted(pairs.items()):
-        name = "TRL" if variant == "trl" else "TRL with checkpointing"
-        targets = mode == "all" and variant == "trl"
-        step = spread([ours["step_s"] / trl["step_s"] for ours, trl in matched])
-        line = f"seq {seq}: `{mode}` step / {name} step {step[1]}" + (
-            f" (target <= 0.9: {step[0] <= 0.9})" if targets else "")
-        peaks = [ours["peak_allocated_GB"] / trl["peak_allocated_GB"] for ours, trl in matched
-                 if "peak_allocated_GB" in ours and "peak_allocated_GB" in trl]
-        if peaks:
-            peak = spread(peaks)
-            line += f"; peak allocated / {name}'s {peak[1]}" + (f" (target <= 0.7: {peak[0] <= 0.7})"
-                                                                 if targets else "")
-        lines.append(line + (f", {len(matched)} rounds" if len(matched) > 1 else ""))
-    return [""] + lines if lines else []
+                pairs.setdefault((seq, mode), []).append((ours, base))
+    return dict(sorted(pairs.items()))
+
+
+def ratio_line(seq, mode, name, matched, targets=False) -> str:
+    """The line "seq S: `mode` step / NAME step median (min-max); peak allocated / NAME's ..., N rounds",
+    with the targets of `all` against TRL alone where `targets`."""
+    step = spread([ours["step_s"] / base["step_s"] for ours, base in matched])
+    line = f"seq {seq}: `{mode}` step / {name} step {step[1]}" + (
+        f" (target <= 0.9: {step[0] <= 0.9})" if targets else "")
+    peaks = [ours["peak_allocated_GB"] / base["peak_allocated_GB"] for ours, base in matched
+             if "peak_allocated_GB" in ours and "peak_allocated_GB" in base]
+    if peaks:
+        peak = spread(peaks)
+        line += f"; peak allocated / {name}'s {peak[1]}" + (f" (target <= 0.7: {peak[0] <= 0.7})"
+                                                             if targets else "")
+    return line + (f", {len(matched)} rounds" if len(matched) > 1 else "")
 
 
 def spread(values) -> tuple:
@@ -355,6 +378,7 @@ def main():
                 log({k: v for k, v in row.items() if k not in ("stats", "times_s")}, f"{time.time() - t0:.0f}s")
                 write()
             add_bounds(rows, result.get("bandwidth"))
+            result["against_none"] = against_none(result["runs"])
             write()
     if args.soak_steps:
         result["soak"] = with_model(lambda model: soak(model, args))

@@ -375,6 +375,11 @@ def test_bench_activations_cpu_smoke_with_trl(tmp_path):
     assert "`all` step / TRL step" in run.stdout and "`all` step / TRL with checkpointing step" in run.stdout
     assert "`hidden_states` step / TRL with checkpointing step" in run.stdout
     assert ", 2 rounds" in run.stdout and result["soak"]["steps"] == 2
+    # Every variant against plain training, per round, in the record and the printed table.
+    against_none = {line.split("`")[1]: line for line in result["against_none"]}
+    assert set(against_none) == {"all", "hidden_states", "trl", "trl_checkpointing"}
+    assert all(line.startswith("seq 64: ") and line.endswith(", 2 rounds") for line in against_none.values())
+    assert against_none["all"] in run.stdout
 
 
 def test_bench_compile_cpu_smoke(tmp_path):
