@@ -8,7 +8,8 @@ One process, one random-init LlamaForCausalLM (the reference shape, bf16, SDPA, 
      to set beside TRL with checkpointing), trl (TRL's OffloadActivations
      alone, no checkpointing; needs trl installed) and trl_checkpointing (what SFTConfig(
      activation_offloading=True) runs by default: the same with the model's gradient checkpointing on,
-     SFTConfig's gradient_checkpointing=True, transformers' non-reentrant default); TRL hooks the
+     SFTConfig's gradient_checkpointing=True, transformers' non-reentrant default); checkpointing (the
+     model's gradient checkpointing alone: what TRL's hooks and ours add to it); TRL hooks the
      model's LM head for good, so without --rounds the trl variants go last;
   1. pinned host<->device bandwidth, measured here (the transfer bound uses it);
   2. per sequence length and variant: median step time, tokens/s, peak allocated / reserved GPU
@@ -26,8 +27,8 @@ One process, one random-init LlamaForCausalLM (the reference shape, bf16, SDPA, 
 
 --rounds N: every run on a fresh model (step 2 only), N interleaved rounds per length, the order of
 the variants reversed every other round; the ratios of ours to the TRL variants (`all` to both, `hidden_states` to
-TRL with checkpointing) and of every variant to plain training ("none", the record's `against_none`) are then
-given per round, median (min-max). Without it one model serves every run, in the order given.
+TRL with checkpointing) and of every variant to plain training and to checkpointing where they ran (the
+record's `against_none`, `against_checkpointing`) are then given per round, median (min-max). Without it one model serves every run, in the order given.
 
 Writes <out>/activations_<gpu>.json and .md (without --out, into a new temporary folder).
 
@@ -38,6 +39,7 @@ GPU:       python3 benchmarks/bench_activations.py --out DIR
 CPU smoke: python benchmarks/bench_activations.py --device cpu --tiny --soak-steps 5 --out DIR
 """
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -56,6 +58,9 @@ from benchmarks.common import (GB, REFERENCE, add_run_args, build_llama, finish_
 OURS = ("all", "sync", "disk")  # the modes that offload every saved tensor of min_bytes or more
 NOISE_CHECKED = OURS + ("modules",)  # "modules": modules mode with targets *.self_attn
 TRL_VARIANTS = ("trl", "trl_checkpointing")
+CHECKPOINTING_VARIANTS = ("checkpointing", "trl_checkpointing")  # the model's gradient checkpointing on
+# The baselines every other variant is set against, per round (against_none, against_checkpointing).
+BASELINES = {"none": "plain training", "checkpointing": "checkpointing"}
 # Our modes set against each TRL variant (against_trl).
 OURS_AGAINST_TRL = {"trl": ("all",), "trl_checkpointing": ("all", "hidden_states")}
 
@@ -102,6 +107,9 @@ def enable(model, variant, args):
         return (lambda: offload), None
     if variant == "none":
         return (lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)), None
+    if variant == "checkpointing":  # the model's own, as trl_checkpointing runs it, without TRL's hooks
+        model.gradient_checkpointing_enable()  # undone by run_variant
+        return contextlib.nullcontext, None
     if variant == "save_on_cpu":
         return (lambda: torch.autograd.graph.save_on_cpu(pin_memory=args.device == "cuda")), None
     # MODE:KEEP: keep_on_device_bytes="auto" (the link budget) or KEEP GB (e.g. all:auto, all:2).
@@ -130,7 +138,7 @@ def run_variant(model, variant, seq, args):
         ctx, handle = enable(model, variant, args)
     except ImportError as error:  # trl not installed
         return {"variant": variant, "seq": seq, "error": f"{type(error).__name__}: {error}"}
-    undo_checkpointing = model.gradient_checkpointing_disable if variant == "trl_checkpointing" else None
+    undo_checkpointing = model.gradient_checkpointing_disable if variant in CHECKPOINTING_VARIANTS else None
     ids = torch.randint(0, args.config["vocab"], (1, seq), device=args.device)
     try:
         for _ in range(args.warmup):
@@ -245,8 +253,9 @@ def markdown(result):
         ("compute wait ms/step", "compute_wait_ms_per_step", "{:.0f}"),
         ("transfer bound s", "transfer_bound_s", "{:.3f}"), ("step / max(none, bound)", "ratio_to_bound", "{:.2f}")])
     lines += against_trl(result["runs"])
-    if result.get("against_none"):
-        lines += [""] + result["against_none"]
+    for baseline in BASELINES:
+        if result.get(f"against_{baseline}"):
+            lines += [""] + result[f"against_{baseline}"]
     n = result.get("noise")
     if n:
         lines += ["", f"Gradients at seq {n['seq']} ({n['dtype']}, SDPA), relative L2 error vs plain training: "
@@ -272,12 +281,12 @@ def against_trl(runs) -> list:
     return [""] + lines if lines else []
 
 
-def against_none(runs) -> list:
-    """Every other variant against plain training ("none") at its length, per round, as against_trl:
-    the step and peak ratios, median (min-max) over the rounds."""
-    others = sorted({r["variant"] for r in runs} - {"none"})
-    return [ratio_line(seq, mode, "plain training", matched)
-            for (seq, mode), matched in matched_rounds(runs, others, "none").items()]
+def against(runs, baseline) -> list:
+    """Every other variant against `baseline` (a key of BASELINES) at its length, per round, as
+    against_trl: the step and peak ratios, median (min-max) over the rounds."""
+    others = sorted({r["variant"] for r in runs} - {baseline})
+    return [ratio_line(seq, mode, BASELINES[baseline], matched)
+            for (seq, mode), matched in matched_rounds(runs, others, baseline).items()]
 
 
 def matched_rounds(runs, modes, baseline) -> dict:
@@ -378,7 +387,9 @@ def main():
                 log({k: v for k, v in row.items() if k not in ("stats", "times_s")}, f"{time.time() - t0:.0f}s")
                 write()
             add_bounds(rows, result.get("bandwidth"))
-            result["against_none"] = against_none(result["runs"])
+            for baseline in BASELINES:
+                if any(r["variant"] == baseline for r in result["runs"]):
+                    result[f"against_{baseline}"] = against(result["runs"], baseline)
             write()
     if args.soak_steps:
         result["soak"] = with_model(lambda model: soak(model, args))
