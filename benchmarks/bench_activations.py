@@ -26,9 +26,10 @@ One process, one random-init LlamaForCausalLM (the reference shape, bf16, SDPA, 
      every step, which must stay flat after the first steps.
 
 --rounds N: every run on a fresh model (step 2 only), N interleaved rounds per length, the order of
-the variants reversed every other round; the ratios of ours to the TRL variants (`all` to both, `hidden_states` to
-TRL with checkpointing) and of every variant to plain training and to checkpointing where they ran (the
-record's `against_none`, `against_checkpointing`) are then given per round, median (min-max). Without it one model serves every run, in the order given.
+the variants reversed every other round; the ratios of ours to the TRL variants (`all` to both,
+`hidden_states` to TRL with checkpointing) and of every variant to plain training and to checkpointing
+where they ran (the record's `against_none`, `against_checkpointing`) are then given per round, median
+(min-max). Without it one model serves every run, in the order given.
 
 Writes <out>/activations_<gpu>.json and .md (without --out, into a new temporary folder).
 
@@ -294,7 +295,7 @@ def matched_rounds(runs, modes, baseline) -> dict:
     length and round, for the runs that finished a step."""
     by = {(r["variant"], r["seq"], r.get("round")): r for r in runs if "step_s" in r}
     pairs = {}
-    for (variant, seq, round_number), base in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2] or 0)):
+    for (variant, seq, round_number), base in by.items():
         if variant != baseline:
             continue
         for mode in modes:
