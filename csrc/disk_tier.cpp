@@ -61,6 +61,42 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
   }
 
   HostBytes bytes_for_restore() override {
+    const auto start = std::chrono::steady_clock::now();
+    HostBytes bytes = wait_for_bytes();
+    const std::chrono::duration<double, std::milli> waited =
+        std::chrono::steady_clock::now() - start;
+    std::lock_guard<std::mutex> lock(tier_.mutex_);
+    tier_.read_wait_ms_ += waited.count();
+    return bytes;
+  }
+
+  std::function<void()> release() override {
+    std::vector<HostBlock> blocks;
+    {
+      std::unique_lock<std::mutex> lock(tier_.mutex_);
+      tier_.io_done_.wait(lock, [&] { return (!committed_ || !write_pending_) && !read_pending_; });
+      if (!committed_) {  // the save failed before its write was queued
+        tier_.pending_writes_--;
+        tier_.io_done_.notify_all();
+      }
+      if (staging_ && readers_ > 0) {
+        released_ = true;  // the last restore still reading staging_ frees it
+      } else {
+        if (staging_) blocks.push_back(*staging_);
+        staging_.reset();
+      }
+      if (read_block_) blocks.push_back(*read_block_);
+      read_block_.reset();
+    }
+    tier_.store_->remove(file_.id);
+    return [pool = tier_.staging_pool_, blocks] {
+      for (const HostBlock& b : blocks) pool->release(b);
+    };
+  }
+
+ private:
+  // The file's bytes in host memory, waiting for its write, its read-ahead or a read of its own.
+  HostBytes wait_for_bytes() {
     std::unique_lock<std::mutex> lock(tier_.mutex_);
     // A file still being written is restored from the bytes its write reads (backward's first
     // restore usually comes before the newest write has finished).
@@ -98,31 +134,6 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
     return HostBytes{block.ptr, give_back(block), false};
   }
 
-  std::function<void()> release() override {
-    std::vector<HostBlock> blocks;
-    {
-      std::unique_lock<std::mutex> lock(tier_.mutex_);
-      tier_.io_done_.wait(lock, [&] { return (!committed_ || !write_pending_) && !read_pending_; });
-      if (!committed_) {  // the save failed before its write was queued
-        tier_.pending_writes_--;
-        tier_.io_done_.notify_all();
-      }
-      if (staging_ && readers_ > 0) {
-        released_ = true;  // the last restore still reading staging_ frees it
-      } else {
-        if (staging_) blocks.push_back(*staging_);
-        staging_.reset();
-      }
-      if (read_block_) blocks.push_back(*read_block_);
-      read_block_.reset();
-    }
-    tier_.store_->remove(file_.id);
-    return [pool = tier_.staging_pool_, blocks] {
-      for (const HostBlock& b : blocks) pool->release(b);
-    };
-  }
-
- private:
   std::function<void()> give_back(HostBlock block) {
     return [pool = tier_.staging_pool_, block] { pool->release(block); };
   }
@@ -269,11 +280,13 @@ void DiskTier::add_stats(OffloadStats& s) {
   s.disk_bytes_written_direct = store_->bytes_written_direct();
   std::lock_guard<std::mutex> lock(mutex_);
   s.host_wait_ms += host_wait_ms_;
+  s.disk_read_wait_ms = read_wait_ms_;
 }
 
 void DiskTier::reset_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   host_wait_ms_ = 0.0;
+  read_wait_ms_ = 0.0;
 }
 
 }  // namespace torch_offload

@@ -50,6 +50,7 @@ class DiskTier : public Tier {
   std::string write_error_;          // first failed write, reported by the next save
   size_t write_error_bytes_ = 0;     // its size when it failed for lack of space
   double host_wait_ms_ = 0.0;        // saves blocked by the write bound
+  double read_wait_ms_ = 0.0;        // restores blocked until their file's bytes were in memory
   int64_t next_sequence_ = 0;        // save order of the next reserve
   std::weak_ptr<DiskStored> newest_kept_;  // the newest written file, its bytes kept in memory
   // Last member: destroyed first, its IO threads finish every queued task (which lock mutex_).

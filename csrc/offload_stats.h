@@ -68,7 +68,9 @@ namespace torch_offload {
   /* host thread blocked by the in-flight bound */                                               \
   X(double, host_wait_ms)                                                                        \
   /* IO-thread time computing/verifying the disk files' CRC32C */                                \
-  X(double, disk_checksum_ms)
+  X(double, disk_checksum_ms)                                                                    \
+  /* restores blocked waiting for a file's bytes (its write, read-ahead or read) */              \
+  X(double, disk_read_wait_ms)
 // clang-format on
 
 struct OffloadStats {

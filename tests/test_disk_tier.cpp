@@ -251,6 +251,28 @@ TEST_F(DiskHandleTest, BackwardStartsFromMemoryAndReadsDiskReadAheadFilesAhead) 
   EXPECT_EQ(manager->stats().disk_bytes_read, 6 * file_bytes);
 }
 
+// disk_read_wait_ms counts the time restores waited for a file's bytes; without read-ahead
+// (prefetch_depth 0) each restore of an older file reads it itself, and reset_stats() zeroes it.
+TEST_F(DiskHandleTest, RestoresThatReadTheirFileCountTheirWait) {
+  ManagerConfig config = config_for(TierKind::kDisk, dir_.path());
+  config.prefetch_depth = 0;
+  auto manager = Manager::create(config);
+  std::vector<at::Tensor> xs, hs;
+  for (int i = 0; i < 4; ++i) {
+    xs.push_back(values(1 << 16, i));
+    hs.push_back(manager->save(xs.back()));
+  }
+  manager->synchronize();
+  EXPECT_EQ(manager->stats().disk_read_wait_ms, 0.0) << "nothing restored yet";
+  for (int i = 2; i >= 0; --i) EXPECT_TRUE(at::equal(manager->restore(hs[i], kCPU), xs[i])) << i;
+  EXPECT_EQ(manager->stats().disk_bytes_read, 3 * (1 << 16) * 4);
+  EXPECT_GT(manager->stats().disk_read_wait_ms, 0.0);
+  manager->reset_stats();
+  EXPECT_EQ(manager->stats().disk_read_wait_ms, 0.0);
+  EXPECT_EQ(manager->stats().disk_bytes_read, 3 * (1 << 16) * 4)
+      << "a total over the manager's life";
+}
+
 // Backward's first restore usually comes while the newest file is still being written: it reads
 // the bytes the write reads, and whichever finishes last frees them.
 TEST_P(TierTest, RestoresWhileTheWriteIsUnderWayGiveTheData) {

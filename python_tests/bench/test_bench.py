@@ -65,6 +65,7 @@ def test_bench_cli_every_variant(tmp_path):
     assert disk["disk_written_MB"] == pytest.approx(disk["moved_MB"] / 2)
     assert 0 < disk["disk_read_MB"] < disk["disk_written_MB"]
     assert disk["disk_direct_io"] == 0 and disk["page_cache_share"] > 0
+    assert disk["disk_read_wait_ms"] > 0  # the restores that read a file waited for it
     # The disk's own bandwidth is measured beside the disk rows; direct IO where it can be had.
     bandwidth = result["disk_bandwidth"]
     assert bandwidth.get("bytes", 16 << 20) == 16 << 20
