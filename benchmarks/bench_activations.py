@@ -148,6 +148,7 @@ def run_variant(model, variant, seq, args):
         if handle is not None:
             handle.manager.synchronize()
             torch_offload.reset_stats(handle.manager)
+            lifetime = torch_offload.stats(handle.manager)  # the disk tier's totals since apply()
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         row = {"variant": variant, "seq": seq,
@@ -157,6 +158,8 @@ def run_variant(model, variant, seq, args):
             stats = torch_offload.stats(handle.manager)  # engine + hooks' counters
             row["stats"] = stats
             row.update(per_step_bytes(stats, args.steps))
+            if stats["disk_bytes_written"]:
+                row.update(per_step_disk(stats, lifetime, args.steps))
             if handle.link_budget is not None:
                 row["link_budget"] = handle.link_budget.history  # (bytes saved, forward s, window) per step
             row["kept_on_device_GB"] = handle.manager.keep_on_device_bytes() / GB
@@ -184,6 +187,17 @@ def per_step_bytes(stats, steps):
         row["copied_over_distinct"] = stats["bytes_to_host"] / stats["distinct_bytes_saved"]
         row["copied_within_target"] = row["copied_over_distinct"] <= 1.05
     return row
+
+
+def per_step_disk(stats, before, steps):
+    """The disk tier's figures per measured step. Its traffic counters and checksum time are totals
+    since apply() (reset_stats leaves them), so the reading taken before the steps is subtracted."""
+    grew = {k: stats[k] - before[k] for k in ("disk_bytes_written", "disk_bytes_read", "disk_checksum_ms")}
+    return {"disk_written_GB_per_step": grew["disk_bytes_written"] / steps / GB,
+            "disk_read_GB_per_step": grew["disk_bytes_read"] / steps / GB,
+            "disk_checksum_ms_per_step": grew["disk_checksum_ms"] / steps,
+            "disk_read_wait_ms_per_step": stats["disk_read_wait_ms"] / steps,
+            "host_wait_ms_per_step": stats["host_wait_ms"] / steps}
 
 
 def noise_floor(model, args):
@@ -252,6 +266,9 @@ def markdown(result):
         ("H2D GB/step", "h2d_GB_per_step", "{:.2f}"), ("D2H / distinct (<= 1.05)", "copied_over_distinct", "{:.3f}"),
         ("kept GB/step", "kept_GB_per_step", "{:.2f}"), ("window GB", "kept_on_device_GB", "{:.2f}"),
         ("compute wait ms/step", "compute_wait_ms_per_step", "{:.0f}"),
+        ("host wait ms/step", "host_wait_ms_per_step", "{:.0f}"),
+        ("disk read wait ms/step", "disk_read_wait_ms_per_step", "{:.0f}"),
+        ("checksum ms/step", "disk_checksum_ms_per_step", "{:.0f}"),
         ("transfer bound s", "transfer_bound_s", "{:.3f}"), ("step / max(none, bound)", "ratio_to_bound", "{:.2f}")])
     lines += against_trl(result["runs"])
     for baseline in BASELINES:

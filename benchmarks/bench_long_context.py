@@ -191,12 +191,13 @@ def is_oom(error: BaseException) -> bool:
                                                          and "out of memory" in str(error))
 
 
-def offload_fields(handle, steps: int) -> dict:
-    """Our handle's statistics over the measured steps, per step where a count of bytes."""
+def offload_fields(handle, steps: int, written_before: int = 0) -> dict:
+    """Our handle's statistics over the measured steps, per step where a count of bytes.
+    `written_before`: the disk tier's bytes written before them (its total since apply())."""
     stats = handle.stats()
     row = {"offload_stats": stats, "host_peak_GB": stats.get("host_bytes_peak", 0) / GB,
            "to_host_GB_per_step": stats.get("bytes_to_host", 0) / steps / GB,
-           "disk_written_GB_per_step": stats.get("disk_bytes_written", 0) / steps / GB,
+           "disk_written_GB_per_step": (stats.get("disk_bytes_written", 0) - written_before) / steps / GB,
            "spills": stats.get("spills", 0)}
     if handle.layers is not None:
         row["layer_stats"] = handle.layers.stats()
@@ -246,12 +247,13 @@ def train(args, variant: str, seq: int, warmup: int, steps: int) -> dict:
             torch_offload.reset_stats(handle.manager)
             if handle.layers is not None:
                 handle.layers.manager.reset_stats()
+            written_before = handle.stats().get("disk_bytes_written", 0)  # a total since apply()
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         row = {"variant": variant, "seq": seq, "how": how, **timed_steps(step, steps, seq, args.device)}
         if handle is not None:
             handle.manager.synchronize()
-            row.update(offload_fields(handle, steps))
+            row.update(offload_fields(handle, steps, written_before))
         if args.snapshot:
             row["snapshot"] = snapshot_row(step, seq * args.config["hidden"] * 2)
         return row

@@ -363,17 +363,21 @@ def test_bench_activations_cpu_smoke_with_trl(tmp_path):
     # interleaved rounds, every run on a fresh model, the order reversed in the second round. A mode that
     # offloads whatever the size (hidden_states) runs beside them without --min-bytes.
     run = subprocess.run([sys.executable, "benchmarks/bench_activations.py", "--device", "cpu", "--tiny", "--seqs", "64",
-                          "--variants", "none,all,hidden_states,checkpointing,trl,trl_checkpointing", "--rounds", "2", "--no-noise", "--soak-steps",
+                          "--variants", "none,all,hidden_states,checkpointing,trl,trl_checkpointing,disk", "--rounds", "2", "--no-noise", "--soak-steps",
                           "2", "--steps", "1", "--warmup", "1", "--min-bytes", "0", "--out", str(tmp_path)],
                          capture_output=True, text=True, cwd=REPO, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((tmp_path / "activations_cpu.json").read_text())
     order = [(r["round"], r["variant"]) for r in result["runs"]]
     assert order == [(1, "none"), (1, "all"), (1, "hidden_states"), (1, "checkpointing"), (1, "trl"),
-                     (1, "trl_checkpointing"), (2, "trl_checkpointing"), (2, "trl"), (2, "checkpointing"),
-                     (2, "hidden_states"), (2, "all"), (2, "none")]
+                     (1, "trl_checkpointing"), (1, "disk"), (2, "disk"), (2, "trl_checkpointing"), (2, "trl"),
+                     (2, "checkpointing"), (2, "hidden_states"), (2, "all"), (2, "none")]
     assert all("step_s" in r for r in result["runs"])
     assert all(r["d2h_GB_per_step"] > 0 for r in result["runs"] if r["variant"] == "all")
+    # The disk tier's figures cover the measured steps only, though its counters also hold the warm-up's.
+    for disk in (r for r in result["runs"] if r["variant"] == "disk"):
+        assert disk["disk_written_GB_per_step"] == pytest.approx(disk["d2h_GB_per_step"])
+        assert disk["disk_checksum_ms_per_step"] > 0 and disk["disk_read_wait_ms_per_step"] > 0
     assert "`all` step / TRL step" in run.stdout and "`all` step / TRL with checkpointing step" in run.stdout
     assert "`hidden_states` step / TRL with checkpointing step" in run.stdout
     assert ", 2 rounds" in run.stdout and result["soak"]["steps"] == 2
@@ -381,7 +385,8 @@ def test_bench_activations_cpu_smoke_with_trl(tmp_path):
     # the printed table.
     for baseline in ("none", "checkpointing"):
         lines = {line.split("`")[1]: line for line in result[f"against_{baseline}"]}
-        assert set(lines) == {"none", "all", "hidden_states", "checkpointing", "trl", "trl_checkpointing"} - {baseline}
+        assert set(lines) == {"none", "all", "hidden_states", "checkpointing", "trl", "trl_checkpointing",
+                              "disk"} - {baseline}
         assert all(line.startswith("seq 64: ") and line.endswith(", 2 rounds") for line in lines.values())
         assert lines["trl_checkpointing"] in run.stdout
 

@@ -2,12 +2,15 @@
 reports the bytes it moved, the longest search finds its length through doubling, an out-of-memory
 try (simulated with --cpu-oom-above) and bisection, and the JSON, markdown and PNG are written.
 --rounds runs the variants in interleaved rounds, odd rounds reversed, and summarises them against a
-baseline; the Liger variants and --snapshot are refused on CPU."""
+baseline; a spill to disk is counted for the measured steps only; the Liger variants and --snapshot are
+refused on CPU."""
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = ["ckpt", "hf_offload", "ours", "ours_untiled"]
@@ -85,6 +88,18 @@ def test_bench_long_context_rounds_cpu(tmp_path):
     markdown = (tmp_path / "long_context.md").read_text()
     assert "x ckpt tok/s min / median / max" in markdown and "| 16 | ours | 2 |" in markdown
     assert "| 16 | ckpt_chunked | 2 |" in markdown  # the per-run table: round 2
+
+
+def test_bench_long_context_spills_per_step_exclude_the_warm_up(tmp_path):
+    # A host budget of one byte: every boundary spills to disk. The disk tier's counters are totals
+    # since apply(), the warm-up step included; the record gives the measured step's bytes.
+    run = run_script("--variants", "ours", "--seqs", "32", "--host-budget-gb", "1e-9", "--warmup", "1",
+                     "--steps", "1", out=tmp_path)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    row = json.loads((tmp_path / "long_context.json").read_text())["runs"][0]
+    assert row["spills"] > 0 and row["to_host_GB_per_step"] > 0
+    assert row["disk_written_GB_per_step"] == pytest.approx(row["to_host_GB_per_step"])
+    assert row["offload_stats"]["disk_bytes_written"] == pytest.approx(2 * row["disk_written_GB_per_step"] * 1e9)
 
 
 def test_bench_long_context_liger_refused_on_cpu(tmp_path):
