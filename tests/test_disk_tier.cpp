@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <future>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -332,6 +333,29 @@ TEST_F(DiskHandleTest, TwoStoresInOneDirectoryNeverSeeEachOthersFiles) {
   EXPECT_TRUE(at::equal(ra, xa));
   EXPECT_TRUE(at::equal(rb, xb));
   EXPECT_EQ(dir_.files(), 0) << "the files have no name";
+}
+
+int open_descriptors() {
+  return static_cast<int>(std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
+                                        std::filesystem::directory_iterator{}));
+}
+
+// Each file holds a descriptor until remove(); neither remove() nor the destructor (for the files
+// still there) leaves one open.
+TEST_F(DiskHandleTest, RemoveAndTheDestructorLeaveNoDescriptorOpen) {
+  const int before = open_descriptors();
+  for (bool remove_them : {true, false}) {
+    DiskStore store(dir_.path(), 2);
+    const int with_store = open_descriptors();
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 64; ++i) ids.push_back(store.new_file(4096 * (i + 1)).id);
+    EXPECT_EQ(open_descriptors(), with_store + 64);
+    if (!remove_them) continue;
+    for (int64_t id : ids) store.remove(id);
+    EXPECT_EQ(store.files_on_disk(), 0);
+    EXPECT_EQ(open_descriptors(), with_store);
+  }
+  EXPECT_EQ(open_descriptors(), before);
 }
 
 // Where the filesystem has no O_TMPFILE: random names in a private 0700 directory, unlinked as soon
