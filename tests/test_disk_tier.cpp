@@ -14,6 +14,7 @@
 #include <iterator>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "csrc/disk_store.h"
@@ -225,6 +226,18 @@ TEST_F(DiskHandleTest, ADiskHandleReadsAsItsDataOnceWritten) {
   EXPECT_TRUE(at::equal(manager->restore(h, kCPU), x));
 }
 
+// `count` tensors of `n` values saved, their copies finished: (the tensors, their handles).
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> save_values(Manager& manager, int count,
+                                                                        int64_t n) {
+  std::vector<at::Tensor> xs, hs;
+  for (int i = 0; i < count; ++i) {
+    xs.push_back(values(n, i));
+    hs.push_back(manager.save(xs.back()));
+  }
+  manager.synchronize();
+  return {xs, hs};
+}
+
 // Backward's first restore (the newest save) is served from memory, the newest file's bytes being
 // kept there; it reads files further ahead than it copies to the device (a file read is the
 // slower step): restoring the last of six saves with prefetch_depth 1 reads the three before it.
@@ -232,12 +245,7 @@ TEST_F(DiskHandleTest, BackwardStartsFromMemoryAndReadsDiskReadAheadFilesAhead) 
   ManagerConfig config = config_for(TierKind::kDisk, dir_.path());
   config.prefetch_depth = 1;
   auto manager = Manager::create(config);
-  std::vector<at::Tensor> xs, hs;
-  for (int i = 0; i < 6; ++i) {
-    xs.push_back(values(1000, i));
-    hs.push_back(manager->save(xs.back()));
-  }
-  manager->synchronize();
+  const auto [xs, hs] = save_values(*manager, 6, 1000);
   const int64_t file_bytes = 1000 * 4;
   EXPECT_EQ(manager->stats().disk_bytes_written, 6 * file_bytes);
   EXPECT_TRUE(at::equal(manager->restore(hs[5], kCPU), xs[5]));
@@ -258,12 +266,7 @@ TEST_F(DiskHandleTest, RestoresThatReadTheirFileCountTheirWait) {
   ManagerConfig config = config_for(TierKind::kDisk, dir_.path());
   config.prefetch_depth = 0;
   auto manager = Manager::create(config);
-  std::vector<at::Tensor> xs, hs;
-  for (int i = 0; i < 4; ++i) {
-    xs.push_back(values(1 << 16, i));
-    hs.push_back(manager->save(xs.back()));
-  }
-  manager->synchronize();
+  const auto [xs, hs] = save_values(*manager, 4, 1 << 16);
   EXPECT_EQ(manager->stats().disk_read_wait_ms, 0.0) << "nothing restored yet";
   for (int i = 2; i >= 0; --i) EXPECT_TRUE(at::equal(manager->restore(hs[i], kCPU), xs[i])) << i;
   EXPECT_EQ(manager->stats().disk_bytes_read, 3 * (1 << 16) * 4);
