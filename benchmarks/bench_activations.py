@@ -182,7 +182,8 @@ def per_step_bytes(stats, steps):
            "distinct_GB_per_step": stats["distinct_bytes_saved"] / steps / GB,
            "saved_GB_per_step": stats["saved_bytes"] / steps / GB,
            "kept_GB_per_step": stats["kept_bytes"] / steps / GB,
-           "compute_wait_ms_per_step": stats["compute_wait_ms"] / steps}
+           "compute_wait_ms_per_step": stats["compute_wait_ms"] / steps,
+           "host_wait_ms_per_step": stats["host_wait_ms"] / steps}
     if stats["distinct_bytes_saved"]:
         row["copied_over_distinct"] = stats["bytes_to_host"] / stats["distinct_bytes_saved"]
         row["copied_within_target"] = row["copied_over_distinct"] <= 1.05
@@ -196,8 +197,7 @@ def per_step_disk(stats, before, steps):
     return {"disk_written_GB_per_step": grew["disk_bytes_written"] / steps / GB,
             "disk_read_GB_per_step": grew["disk_bytes_read"] / steps / GB,
             "disk_checksum_ms_per_step": grew["disk_checksum_ms"] / steps,
-            "disk_read_wait_ms_per_step": stats["disk_read_wait_ms"] / steps,
-            "host_wait_ms_per_step": stats["host_wait_ms"] / steps}
+            "disk_read_wait_ms_per_step": stats["disk_read_wait_ms"] / steps}
 
 
 def noise_floor(model, args):

@@ -196,7 +196,7 @@ def _add_moved(row: dict, per_step: dict, after: dict, device: str) -> None:
         row["disk_written_MB"] = per_step["disk_bytes_written"] / 2**20
         row["disk_read_MB"] = per_step["disk_bytes_read"] / 2**20
         row["checksum_ms"] = per_step["disk_checksum_ms"]
-        row["disk_read_wait_ms"] = per_step.get("disk_read_wait_ms", 0.0)
+        row["disk_read_wait_ms"] = per_step["disk_read_wait_ms"]
         row["disk_direct_io"] = after.get("disk_direct_io", 0)
         if after.get("disk_bytes_read_from_page_cache", -1) >= 0 and per_step["disk_bytes_read"]:
             row["page_cache_share"] = per_step["disk_bytes_read_from_page_cache"] / per_step["disk_bytes_read"]
