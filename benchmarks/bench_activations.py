@@ -197,7 +197,9 @@ def per_step_disk(stats, before, steps):
     return {"disk_written_GB_per_step": grew["disk_bytes_written"] / steps / GB,
             "disk_read_GB_per_step": grew["disk_bytes_read"] / steps / GB,
             "disk_checksum_ms_per_step": grew["disk_checksum_ms"] / steps,
-            "disk_read_wait_ms_per_step": stats["disk_read_wait_ms"] / steps}
+            "disk_read_wait_ms_per_step": stats["disk_read_wait_ms"] / steps,
+            "disk_create_ms_per_step": stats["disk_create_ms"] / steps,
+            "disk_close_ms_per_step": stats["disk_close_ms"] / steps}
 
 
 def noise_floor(model, args):
@@ -269,6 +271,8 @@ def markdown(result):
         ("host wait ms/step", "host_wait_ms_per_step", "{:.0f}"),
         ("disk read wait ms/step", "disk_read_wait_ms_per_step", "{:.0f}"),
         ("checksum ms/step", "disk_checksum_ms_per_step", "{:.0f}"),
+        ("file create ms/step", "disk_create_ms_per_step", "{:.0f}"),
+        ("file close ms/step", "disk_close_ms_per_step", "{:.0f}"),
         ("transfer bound s", "transfer_bound_s", "{:.3f}"), ("step / max(none, bound)", "ratio_to_bound", "{:.2f}")])
     lines += against_trl(result["runs"])
     for baseline in BASELINES:

@@ -8,13 +8,20 @@
 
 namespace torch_offload {
 
+namespace {
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+}  // namespace
+
 // One tensor's file. Its state is guarded by the tier's mutex; IO callbacks hold a reference, so
 // the record outlives every IO it queued.
 class DiskStored : public StoredTensor, public std::enable_shared_from_this<DiskStored> {
  public:
   DiskStored(DiskTier& tier, HostBlock staging, size_t nbytes, int64_t sequence)
       : tier_(tier),
-        file_(tier.store_->new_file(nbytes)),
+        file_(tier.create_file(nbytes)),
         nbytes_(nbytes),
         sequence_(sequence),
         staging_(staging) {}
@@ -63,10 +70,9 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
   HostBytes bytes_for_restore() override {
     const auto start = std::chrono::steady_clock::now();
     HostBytes bytes = wait_for_bytes();
-    const std::chrono::duration<double, std::milli> waited =
-        std::chrono::steady_clock::now() - start;
+    const double waited = ms_since(start);
     std::lock_guard<std::mutex> lock(tier_.mutex_);
-    tier_.read_wait_ms_ += waited.count();
+    tier_.read_wait_ms_ += waited;
     return bytes;
   }
 
@@ -88,7 +94,7 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
       if (read_block_) blocks.push_back(*read_block_);
       read_block_.reset();
     }
-    tier_.store_->remove(file_.id);
+    tier_.close_file(file_.id);
     return [pool = tier_.staging_pool_, blocks] {
       for (const HostBlock& b : blocks) pool->release(b);
     };
@@ -223,6 +229,24 @@ HostBlock DiskTier::acquire_staging(size_t nbytes, FaultSite site) {
   return staging_pool_->acquire(store_->buffer_size(nbytes));
 }
 
+DiskStore::NewFile DiskTier::create_file(size_t nbytes) {
+  const auto start = std::chrono::steady_clock::now();
+  const DiskStore::NewFile file = store_->new_file(nbytes);
+  const double took = ms_since(start);
+  std::lock_guard<std::mutex> lock(mutex_);
+  create_ms_ += took;
+  return file;
+}
+
+// The last close of a file frees its pages in the page cache: the larger part of the two.
+void DiskTier::close_file(int64_t id) {
+  const auto start = std::chrono::steady_clock::now();
+  store_->remove(id);
+  const double took = ms_since(start);
+  std::lock_guard<std::mutex> lock(mutex_);
+  close_ms_ += took;
+}
+
 void DiskTier::check_before_save() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (write_error_.empty()) return;
@@ -244,8 +268,7 @@ std::shared_ptr<StoredTensor> DiskTier::reserve(size_t nbytes, bool /*may_declin
     std::unique_lock<std::mutex> lock(mutex_);
     const auto start = std::chrono::steady_clock::now();
     io_done_.wait(lock, [&] { return pending_writes_ < max_writes_in_flight_; });
-    host_wait_ms_ +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    host_wait_ms_ += ms_since(start);
     pending_writes_++;
     sequence = next_sequence_++;
   }
@@ -281,12 +304,16 @@ void DiskTier::add_stats(OffloadStats& s) {
   std::lock_guard<std::mutex> lock(mutex_);
   s.host_wait_ms += host_wait_ms_;
   s.disk_read_wait_ms = read_wait_ms_;
+  s.disk_create_ms = create_ms_;
+  s.disk_close_ms = close_ms_;
 }
 
 void DiskTier::reset_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   host_wait_ms_ = 0.0;
   read_wait_ms_ = 0.0;
+  create_ms_ = 0.0;
+  close_ms_ = 0.0;
 }
 
 }  // namespace torch_offload

@@ -40,6 +40,9 @@ class DiskTier : public Tier {
   // A staging buffer for a file of `nbytes` (padded for direct IO), failing at `site` when a test
   // injects a fault there.
   HostBlock acquire_staging(size_t nbytes, FaultSite site);
+  // The store's new_file and remove, timed: on the stepping thread, outside every wait.
+  DiskStore::NewFile create_file(size_t nbytes);
+  void close_file(int64_t id);
 
   const int64_t max_writes_in_flight_;
   std::shared_ptr<HostBufferPool> staging_pool_;  // outside the host budget
@@ -51,6 +54,8 @@ class DiskTier : public Tier {
   size_t write_error_bytes_ = 0;     // its size when it failed for lack of space
   double host_wait_ms_ = 0.0;        // saves blocked by the write bound
   double read_wait_ms_ = 0.0;        // restores blocked until their file's bytes were in memory
+  double create_ms_ = 0.0;           // in create_file
+  double close_ms_ = 0.0;            // in close_file
   int64_t next_sequence_ = 0;        // save order of the next reserve
   std::weak_ptr<DiskStored> newest_kept_;  // the newest written file, its bytes kept in memory
   // Last member: destroyed first, its IO threads finish every queued task (which lock mutex_).

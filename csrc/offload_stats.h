@@ -70,7 +70,11 @@ namespace torch_offload {
   /* IO-thread time computing/verifying the disk files' CRC32C */                                \
   X(double, disk_checksum_ms)                                                                    \
   /* restores blocked waiting for a file's bytes (its write, read-ahead or read) */              \
-  X(double, disk_read_wait_ms)
+  X(double, disk_read_wait_ms)                                                                   \
+  /* time making the disk tier's files (create, reserve, map: on the saving thread) and closing  \
+     them (unmap, close: on the thread that frees their handles) */                              \
+  X(double, disk_create_ms)                                                                      \
+  X(double, disk_close_ms)
 // clang-format on
 
 struct OffloadStats {

@@ -277,6 +277,24 @@ TEST_F(DiskHandleTest, RestoresThatReadTheirFileCountTheirWait) {
       << "a total over the manager's life";
 }
 
+// disk_create_ms and disk_close_ms time making each file (on save) and closing it (when its
+// handle is freed), and count from the last reset_stats().
+TEST_F(DiskHandleTest, MakingAndClosingFilesIsTimed) {
+  auto manager = Manager::create(config_for(TierKind::kDisk, dir_.path()));
+  auto [xs, hs] = save_values(*manager, 4, 1 << 16);
+  EXPECT_GT(manager->stats().disk_create_ms, 0.0);
+  EXPECT_EQ(manager->stats().disk_close_ms, 0.0) << "every file still open";
+  manager->reset_stats();
+  EXPECT_EQ(manager->stats().disk_create_ms, 0.0);
+  hs.clear();
+  manager->synchronize();
+  EXPECT_EQ(manager->stats().disk_files, 0);
+  EXPECT_GT(manager->stats().disk_close_ms, 0.0);
+  EXPECT_EQ(manager->stats().disk_create_ms, 0.0) << "no file made since the reset";
+  manager->reset_stats();
+  EXPECT_EQ(manager->stats().disk_close_ms, 0.0);
+}
+
 // Backward's first restore usually comes while the newest file is still being written: it reads
 // the bytes the write reads, and whichever finishes last frees them.
 TEST_P(TierTest, RestoresWhileTheWriteIsUnderWayGiveTheData) {

@@ -66,6 +66,7 @@ def test_bench_cli_every_variant(tmp_path):
     assert 0 < disk["disk_read_MB"] < disk["disk_written_MB"]
     assert disk["disk_direct_io"] == 0 and disk["page_cache_share"] > 0
     assert disk["disk_read_wait_ms"] > 0  # the restores that read a file waited for it
+    assert disk["disk_create_ms"] > 0 and disk["disk_close_ms"] > 0  # every step makes and closes files
     # The disk's own bandwidth is measured beside the disk rows; direct IO where it can be had.
     bandwidth = result["disk_bandwidth"]
     assert bandwidth.get("bytes", 16 << 20) == 16 << 20
@@ -378,6 +379,7 @@ def test_bench_activations_cpu_smoke_with_trl(tmp_path):
     for disk in (r for r in result["runs"] if r["variant"] == "disk"):
         assert disk["disk_written_GB_per_step"] == pytest.approx(disk["d2h_GB_per_step"])
         assert disk["disk_checksum_ms_per_step"] > 0 and disk["disk_read_wait_ms_per_step"] > 0
+        assert disk["disk_create_ms_per_step"] > 0 and disk["disk_close_ms_per_step"] > 0
     assert "`all` step / TRL step" in run.stdout and "`all` step / TRL with checkpointing step" in run.stdout
     assert "`hidden_states` step / TRL with checkpointing step" in run.stdout
     assert ", 2 rounds" in run.stdout and result["soak"]["steps"] == 2

@@ -63,7 +63,8 @@ COLUMNS = [("tokens/s", "tokens_per_s", "{:.0f}"), ("x checkpointing", "x_checkp
            ("H2D link use", "h2d_link_use", "{:.2f}")]
 DISK_COLUMNS = [("disk read MB/step", "disk_read_MB", "{:.1f}"), ("read from page cache", "page_cache_share", "{:.2f}"),
                 ("direct IO", "disk_direct_io", "{:.0f}"), ("checksum ms/step", "checksum_ms", "{:.1f}"),
-                ("disk read wait ms/step", "disk_read_wait_ms", "{:.1f}")]
+                ("disk read wait ms/step", "disk_read_wait_ms", "{:.1f}"),
+                ("file create ms/step", "disk_create_ms", "{:.1f}"), ("file close ms/step", "disk_close_ms", "{:.1f}")]
 
 
 def _modules_selection(spec: str) -> dict:
@@ -196,7 +197,8 @@ def _add_moved(row: dict, per_step: dict, after: dict, device: str) -> None:
         row["disk_written_MB"] = per_step["disk_bytes_written"] / 2**20
         row["disk_read_MB"] = per_step["disk_bytes_read"] / 2**20
         row["checksum_ms"] = per_step["disk_checksum_ms"]
-        row["disk_read_wait_ms"] = per_step["disk_read_wait_ms"]
+        for key in ("disk_read_wait_ms", "disk_create_ms", "disk_close_ms"):
+            row[key] = per_step[key]
         row["disk_direct_io"] = after.get("disk_direct_io", 0)
         if after.get("disk_bytes_read_from_page_cache", -1) >= 0 and per_step["disk_bytes_read"]:
             row["page_cache_share"] = per_step["disk_bytes_read_from_page_cache"] / per_step["disk_bytes_read"]
