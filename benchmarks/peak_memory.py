@@ -11,6 +11,8 @@ Variants (comma-separated, one process, same model shape):
   ckpt_compiled, ours_compiled         torch.compile + checkpointing / torch_offload.compile(hidden_states)
   ours_selective_compiled              torch_offload.compile(model, "selective") (policy "attention");
   ours_selective_compiled_prefetchN    the same with a manager that prefetches N saves ahead
+  ours_all, ours_sync                  apply(mode="all") / apply(mode="sync")
+  ours_all_inflightN                   mode "all" with at most N copies in flight (max_in_flight=N)
   fsdp_ckpt, fsdp_ours_before, fsdp_ours_after
                                        FSDP2 (fully_shard per layer + root; a 1-rank NCCL group when
                                        not under torchrun): checkpointing / apply before / after
@@ -266,6 +268,10 @@ def build_variant(variant, config, seq):
         handle = torch_offload.apply(model, None, chunked_loss=True)
     elif variant == "fsdp_lc_after":
         handle = torch_offload.apply(model, long_context=True)
+    elif variant in ("ours_all", "ours_sync") or variant.startswith("ours_all_inflight"):
+        inflight = variant.rpartition("_inflight")[2]
+        handle = torch_offload.apply(model, variant.split("_")[1],
+                                     **({"max_in_flight": int(inflight)} if inflight.isdigit() else {}))
     step_model = model
     if variant == "ckpt_compiled":
         step_model = torch.compile(model, fullgraph=True, dynamic=False)
