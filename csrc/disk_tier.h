@@ -40,7 +40,7 @@ class DiskTier : public Tier {
   // A staging buffer for a file of `nbytes` (padded for direct IO), failing at `site` when a test
   // injects a fault there.
   HostBlock acquire_staging(size_t nbytes, FaultSite site);
-  // The store's new_file and remove, timed: on the stepping thread, outside every wait.
+  // The store's new_file and remove, timed (disk_create_ms, disk_close_ms).
   DiskStore::NewFile create_file(size_t nbytes);
   void close_file(int64_t id);
 
