@@ -8,10 +8,12 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <random>
+#include <vector>
 
 #include "disk_io.h"
 #include "fault_injection.h"
@@ -57,6 +59,8 @@ DiskStore::DiskStore(const std::string& directory, int io_threads, DirectIo dire
     const NewFile probe = new_file_as(1, direct_io != DirectIo::kNever);
     direct_capable_ = files_.at(probe.id).direct;
     remove(probe.id);
+    live_bytes_peak_ = 0;
+    reuse_files_ = !direct_capable_ || direct_io == DirectIo::kNever;
   } catch (const c10::Error& e) {
     close_all();
     TORCH_CHECK(false, "torch_offload: disk_dir ", directory_,
@@ -99,6 +103,7 @@ void DiskStore::close_all() {
     ::close(file.fd);
   }
   files_.clear();
+  empty_cache();
   for (const std::string& name : unlink_later_) ::unlinkat(private_dir_fd_, name.c_str(), 0);
   unlink_later_.clear();
   if (private_dir_fd_ >= 0) {
@@ -148,13 +153,23 @@ int DiskStore::create_unnamed_file() {
 }
 
 DiskStore::NewFile DiskStore::new_file(size_t size) {
+  if (reuse_files_ && size > 0) {
+    if (std::optional<NewFile> reused = reuse_file(size)) return *reused;
+    make_room_for(size);
+  }
   // The policy is asked only where the filesystem does direct IO; what it counts, it is told of.
   const auto bytes = static_cast<int64_t>(size);
   const bool asked = direct_capable_;
   const bool direct = asked && policy_.choose(bytes);
   NewFile made{};
   try {
-    made = new_file_as(size, direct);
+    try {
+      made = new_file_as(size, direct);
+    } catch (const c10::Error&) {
+      if (bytes_cached() == 0) throw;
+      empty_cache();  // the kept files' space may be what the disk lacks
+      made = new_file_as(size, direct);
+    }
   } catch (...) {
     if (asked) policy_.file_closed(bytes, direct);
     throw;
@@ -180,7 +195,9 @@ DiskStore::NewFile DiskStore::new_file_as(size_t size, bool want_direct) {
   if (size > 0) {
     // Reserve the space now: a full disk is reported by this save, and is never stale.
     const auto bytes = static_cast<off_t>(file.size);
-    int err = ::fallocate(fd, 0, 0, bytes) == 0 ? 0 : errno;
+    int err = fault_injected(FaultSite::kDiskReserve) ? ENOSPC
+              : ::fallocate(fd, 0, 0, bytes) == 0     ? 0
+                                                      : errno;
     if (err == EOPNOTSUPP) err = ::ftruncate(fd, bytes) == 0 ? 0 : errno;
     void* map = err != 0 ? MAP_FAILED
                          : ::mmap(nullptr, file.size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
@@ -192,11 +209,67 @@ DiskStore::NewFile DiskStore::new_file_as(size_t size, bool want_direct) {
     }
     file.map = map;
   }
+  return add_file(file);
+}
+
+DiskStore::NewFile DiskStore::add_file(const File& file) {
   static char empty_file_data;
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t id = next_id_++;
   files_.emplace(id, file);
+  live_bytes_ += static_cast<int64_t>(file.size);
+  live_bytes_peak_ = std::max(live_bytes_peak_, live_bytes_);
   return NewFile{id, file.map != nullptr ? file.map : &empty_file_data};
+}
+
+// A kept file of exactly `size` bytes, mapped afresh (the old mapping's copied-on-write pages must
+// not show); it holds the previous tensor's bytes until its write.
+std::optional<DiskStore::NewFile> DiskStore::reuse_file(size_t size) {
+  int fd;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = cached_.find(size);
+    if (it == cached_.end()) return std::nullopt;
+    fd = it->second;
+    cached_.erase(it);
+    cached_bytes_ -= static_cast<int64_t>(size);
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  if (map == MAP_FAILED) {
+    ::close(fd);
+    return std::nullopt;  // a new file instead
+  }
+  return add_file(File{fd, map, size, false, {}});
+}
+
+// Before a new file of `size` bytes: closes kept files (the largest first) until the files in use,
+// the new one and those kept hold no more than the most the files in use ever held (or than the
+// files in use and the new one).
+void DiskStore::make_room_for(size_t size) {
+  std::vector<int> closing;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int64_t in_use = live_bytes_ + static_cast<int64_t>(size);
+    const int64_t bound = std::max(live_bytes_peak_, in_use);
+    while (!cached_.empty() && in_use + cached_bytes_ > bound) {
+      const auto largest = std::prev(cached_.end());
+      cached_bytes_ -= static_cast<int64_t>(largest->first);
+      closing.push_back(largest->second);
+      cached_.erase(largest);
+    }
+  }
+  for (int fd : closing) ::close(fd);
+}
+
+void DiskStore::empty_cache() {
+  std::vector<int> closing;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [size, fd] : cached_) closing.push_back(fd);
+    cached_.clear();
+    cached_bytes_ = 0;
+  }
+  for (int fd : closing) ::close(fd);
 }
 
 // Whole blocks whenever a file may go around the page cache: the staging buffer is sized before
@@ -319,12 +392,21 @@ void DiskStore::read_async(int64_t id, void* data, size_t size, Done done) {
 
 void DiskStore::remove(int64_t id) {
   File file;
+  bool keep = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = files_.find(id);
     if (it == files_.end()) return;
     file = it->second;
     files_.erase(it);
+    const auto size = static_cast<int64_t>(file.size);
+    live_bytes_ -= size;
+    keep = reuse_files_ && !file.direct && size > 0 &&
+           live_bytes_ + cached_bytes_ + size <= live_bytes_peak_;
+    if (keep) {
+      cached_.emplace(file.size, file.fd);
+      cached_bytes_ += size;
+    }
     // Names whose unlink failed earlier (fallback without O_TMPFILE): try again.
     for (auto name = unlink_later_.begin(); name != unlink_later_.end();) {
       const bool gone = ::unlinkat(private_dir_fd_, name->c_str(), 0) == 0 || errno == ENOENT;
@@ -332,7 +414,7 @@ void DiskStore::remove(int64_t id) {
     }
   }
   if (file.map != nullptr) ::munmap(file.map, file.size);
-  ::close(file.fd);
+  if (!keep) ::close(file.fd);
   if (file.policy_cached_bytes > 0) policy_.file_closed(file.policy_cached_bytes, /*direct=*/false);
 }
 
@@ -361,6 +443,11 @@ void DiskStore::run() {
 int64_t DiskStore::files_on_disk() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return static_cast<int64_t>(files_.size());
+}
+
+int64_t DiskStore::bytes_cached() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cached_bytes_;
 }
 
 int64_t DiskStore::bytes_written() const {

@@ -10,11 +10,18 @@
 // only add a copy and push other data out (every file, or per file when RAM is short:
 // direct_io_policy.h). Transfers are then whole blocks of kDirectIoBlock bytes from memory aligned
 // to it: buffers must hold buffer_size(size) bytes.
+// Through the page cache, remove() keeps a file open for the next new_file of its size, as the host
+// pool keeps its buffers: the last close of a file frees its pages in the page cache, the most of
+// the thread's time in a step that saves every tensor to disk (docs/performance.md#all-sync-disk).
+// The files kept and those in use never hold more bytes than the most the store's files held at
+// once; empty_cache() closes those kept.
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -60,8 +67,10 @@ class DiskStore {
   void read_async(int64_t id, void* data, size_t size, Done done);
   // The same, on the calling thread; returns the error ("" if none).
   std::string read(int64_t id, void* data, size_t size);
-  // Closes and frees file `id`.
+  // Frees file `id`: closes it, or keeps it open for the next file of its size.
   void remove(int64_t id);
+  // Closes the files remove() kept.
+  void empty_cache();
   // Whether `bytes` more would fit on the filesystem now (a full disk may have been freed).
   bool has_room(size_t bytes) const;
 
@@ -74,6 +83,7 @@ class DiskStore {
 
   const std::string& directory() const { return directory_; }
   int64_t files_on_disk() const;
+  int64_t bytes_cached() const;  // of the files remove() kept open for reuse
   int64_t bytes_written() const;
   int64_t bytes_written_direct() const;  // of bytes_written(), those written around the page cache
   int64_t bytes_read() const;
@@ -97,6 +107,9 @@ class DiskStore {
   };
   int create_unnamed_file();
   NewFile new_file_as(size_t size, bool want_direct);
+  NewFile add_file(const File& file);
+  std::optional<NewFile> reuse_file(size_t size);
+  void make_room_for(size_t size);
   bool direct_transfer(int64_t id, const void* data);
   std::string write_file(int64_t id, const void* data, size_t size, bool* full);
   std::string describe(int64_t id) const;
@@ -114,6 +127,11 @@ class DiskStore {
   std::condition_variable work_ready_;
   std::deque<std::function<void()>> queue_;
   std::unordered_map<int64_t, File> files_;
+  bool reuse_files_ = false;           // no file goes around the page cache (set once probed)
+  std::multimap<size_t, int> cached_;  // file length -> descriptor of a file remove() kept
+  int64_t cached_bytes_ = 0;
+  int64_t live_bytes_ = 0;       // of files_
+  int64_t live_bytes_peak_ = 0;  // the most files_ held at once: the bound of live + cached
   int64_t next_id_ = 0;
   int64_t bytes_written_ = 0;
   int64_t bytes_read_ = 0;

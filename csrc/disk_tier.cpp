@@ -238,7 +238,7 @@ DiskStore::NewFile DiskTier::create_file(size_t nbytes) {
   return file;
 }
 
-// The last close of a file frees its pages in the page cache: the larger part of the two.
+// Unmaps the file, and closes it (the last close frees its pages in the page cache) or keeps it.
 void DiskTier::close_file(int64_t id) {
   const auto start = std::chrono::steady_clock::now();
   store_->remove(id);
@@ -295,6 +295,7 @@ void DiskTier::synchronize() {
 
 void DiskTier::add_stats(OffloadStats& s) {
   s.disk_files = store_->files_on_disk();
+  s.disk_bytes_cached = store_->bytes_cached();
   s.disk_bytes_written = store_->bytes_written();
   s.disk_bytes_read = store_->bytes_read();
   s.disk_bytes_read_from_page_cache = store_->bytes_read_from_page_cache();

@@ -30,7 +30,10 @@ class DiskTier : public Tier {
   void synchronize() override;
   void add_stats(OffloadStats& stats) override;
   void reset_stats() override;
-  void empty_cache() override { staging_pool_->empty_cache(); }
+  void empty_cache() override {
+    staging_pool_->empty_cache();
+    store_->empty_cache();
+  }
   // Test hook: the next writes fail as if the disk were full.
   void simulate_full_disk(bool full) { store_->simulate_full_disk(full); }
   void simulate_available_ram(int64_t bytes) { store_->simulate_available_ram(bytes); }

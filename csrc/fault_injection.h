@@ -14,6 +14,7 @@ enum class FaultSite : int {
   kIoThreadStart,         // starting a DiskStore IO thread
   kReleaserThreadStart,   // starting a DeferredReleaser's thread (each Manager has one)
   kDiskNoTmpfile,         // the filesystem of disk_dir has no O_TMPFILE (fallback path)
+  kDiskReserve,           // reserving a new disk-tier file's space fails as on a full disk
   kCount,
 };
 

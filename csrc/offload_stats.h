@@ -36,6 +36,8 @@ namespace torch_offload {
   X(int64_t, live_handles)                                                                       \
   /* files currently in the disk tier */                                                         \
   X(int64_t, disk_files)                                                                         \
+  /* now: bytes of freed tensors' files kept open for the next files of their size */            \
+  X(int64_t, disk_bytes_cached)                                                                  \
   X(int64_t, disk_bytes_written)                                                                 \
   X(int64_t, disk_bytes_read)                                                                    \
   /* of disk_bytes_read; -1 where unknown */                                                     \
@@ -71,8 +73,8 @@ namespace torch_offload {
   X(double, disk_checksum_ms)                                                                    \
   /* restores blocked waiting for a file's bytes (its write, read-ahead or read) */              \
   X(double, disk_read_wait_ms)                                                                   \
-  /* time making the disk tier's files (create, reserve, map: on the saving thread) and closing  \
-     them (unmap, close: on the thread that frees their handles) */                              \
+  /* time making the disk tier's files (create or reuse, reserve, map: on the saving thread) and \
+     freeing them (unmap; close or keep for reuse: on the thread that frees their handles) */     \
   X(double, disk_create_ms)                                                                      \
   X(double, disk_close_ms)
 // clang-format on

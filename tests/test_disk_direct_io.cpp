@@ -86,6 +86,19 @@ TEST_F(DiskDirectIoTest, WithoutTheOptionFilesGoThroughThePageCache) {
   EXPECT_TRUE(at::equal(manager->restore(hx, kCPU), x));
 }
 
+// Files around the page cache are closed when freed: keeping one saves no page-cache work, and with
+// disk_direct_io="auto" a file kept would hold RAM the policy counts as free.
+TEST_F(DiskDirectIoTest, NoFileIsKeptForReuseWhenFilesMayBypassThePageCache) {
+  for (DirectIo mode : {DirectIo::kAlways, DirectIo::kWhenRamIsShort}) {
+    DiskStore store(dir_.path(), 1, mode);
+    store.remove(store.new_file(1 << 20).id);
+    EXPECT_EQ(store.bytes_cached(), 0) << static_cast<int>(mode);
+  }
+  DiskStore through_the_page_cache(dir_.path(), 1, DirectIo::kNever);
+  through_the_page_cache.remove(through_the_page_cache.new_file(1 << 20).id);
+  EXPECT_EQ(through_the_page_cache.bytes_cached(), 1 << 20);
+}
+
 // DiskStore's callers pass aligned buffers; one that is not (a future caller's mistake) must not
 // turn into an EINVAL on every write: that file goes through the page cache instead.
 TEST_F(DiskDirectIoTest, AMisalignedBufferFallsBackToThePageCacheForItsFile) {

@@ -361,22 +361,101 @@ int open_descriptors() {
                                         std::filesystem::directory_iterator{}));
 }
 
-// Each file holds a descriptor until remove(); neither remove() nor the destructor (for the files
-// still there) leaves one open.
-TEST_F(DiskHandleTest, RemoveAndTheDestructorLeaveNoDescriptorOpen) {
+// Each file holds a descriptor until remove(), which keeps it open for reuse; empty_cache() and the
+// destructor (for the files in use and those kept) leave none open.
+TEST_F(DiskHandleTest, EmptyCacheAndTheDestructorLeaveNoDescriptorOpen) {
   const int before = open_descriptors();
-  for (bool remove_them : {true, false}) {
+  for (const char* how : {"remove, empty_cache", "remove", "none"}) {
     DiskStore store(dir_.path(), 2);
     const int with_store = open_descriptors();
     std::vector<int64_t> ids;
-    for (int i = 0; i < 64; ++i) ids.push_back(store.new_file(4096 * (i + 1)).id);
-    EXPECT_EQ(open_descriptors(), with_store + 64);
-    if (!remove_them) continue;
+    int64_t bytes = 0;
+    for (int i = 0; i < 64; ++i) {
+      ids.push_back(store.new_file(4096 * (i + 1)).id);
+      bytes += 4096 * (i + 1);
+    }
+    EXPECT_EQ(open_descriptors(), with_store + 64) << how;
+    if (std::string(how) == "none") continue;
     for (int64_t id : ids) store.remove(id);
     EXPECT_EQ(store.files_on_disk(), 0);
+    EXPECT_EQ(store.bytes_cached(), bytes) << "every file kept for reuse";
+    EXPECT_EQ(open_descriptors(), with_store + 64);
+    if (std::string(how) == "remove") continue;
+    store.empty_cache();
+    EXPECT_EQ(store.bytes_cached(), 0);
     EXPECT_EQ(open_descriptors(), with_store);
   }
   EXPECT_EQ(open_descriptors(), before);
+}
+
+// A file of a size kept is reused (no new descriptor); a new file first closes kept ones until
+// the files in use and those kept hold no more than the most the files in use ever held.
+TEST_F(DiskHandleTest, KeptFilesAreReusedWithinTheMostTheFilesEverHeld) {
+  DiskStore store(dir_.path(), 1);
+  const size_t a = 1 << 20;
+  const int64_t first = store.new_file(a).id, second = store.new_file(a).id;
+  store.remove(first);
+  store.remove(second);
+  EXPECT_EQ(store.bytes_cached(), static_cast<int64_t>(2 * a));
+  const int kept = open_descriptors();
+  const int64_t again = store.new_file(a).id;
+  EXPECT_EQ(open_descriptors(), kept) << "a kept file was reused";
+  EXPECT_EQ(store.bytes_cached(), static_cast<int64_t>(a));
+  // In use a, kept a, the most ever 2a: a new file of a / 2 needs the kept one closed.
+  const int64_t smaller = store.new_file(a / 2).id;
+  EXPECT_EQ(store.bytes_cached(), 0);
+  EXPECT_EQ(open_descriptors(), kept);
+  store.remove(again);
+  store.remove(smaller);
+  EXPECT_EQ(store.bytes_cached(), static_cast<int64_t>(a + a / 2));
+}
+
+// A reused file holds the previous tensor's bytes until its write: a second step's restores give
+// the second step's tensors, through the files the first step freed.
+TEST_F(DiskHandleTest, ASecondStepReusesTheFirstStepsFilesAndRestoresItsOwnData) {
+  ManagerConfig config = config_for(TierKind::kDisk, dir_.path());
+  auto manager = Manager::create(config);
+  const int64_t n = 1 << 16, file_bytes = n * 4;
+  {
+    auto [xs, hs] = save_values(*manager, 4, n);
+    for (int i = 3; i >= 0; --i) EXPECT_TRUE(at::equal(manager->restore(hs[i], kCPU), xs[i]));
+  }
+  manager->synchronize();
+  EXPECT_EQ(manager->stats().disk_bytes_cached, 4 * file_bytes);
+  const int descriptors = open_descriptors();
+  std::vector<at::Tensor> xs, hs;
+  for (int i = 0; i < 4; ++i) {
+    xs.push_back(values(n, 100 + i));
+    hs.push_back(manager->save(xs.back()));
+  }
+  manager->synchronize();
+  EXPECT_EQ(manager->stats().disk_bytes_cached, 0) << "every file reused";
+  EXPECT_EQ(open_descriptors(), descriptors);
+  for (int i = 3; i >= 0; --i) EXPECT_TRUE(at::equal(manager->restore(hs[i], kCPU), xs[i])) << i;
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(at::equal(hs[i], xs[i])) << "the handle reads as its data";
+  hs.clear();
+  manager->empty_pool();
+  EXPECT_EQ(manager->stats().disk_bytes_cached, 0);
+}
+
+// Kept files hold disk space: a new file that finds the disk full closes them and tries again.
+TEST_F(DiskHandleTest, ANewFileOnAFullDiskClosesTheKeptFilesAndTriesAgain) {
+  DiskStore store(dir_.path(), 1);
+  const int64_t first = store.new_file(1 << 20).id, second = store.new_file(1 << 20).id;
+  store.remove(first);
+  store.remove(second);
+  inject_fault(FaultSite::kDiskReserve, 0, 1);
+  const int64_t id = store.new_file(1 << 19).id;  // within the bound: one kept file stays, then
+  EXPECT_EQ(store.bytes_cached(), 0);             // the full disk closes it
+  EXPECT_EQ(store.files_on_disk(), 1);
+  store.remove(id);
+  EXPECT_EQ(store.bytes_cached(), 1 << 19);
+  inject_fault(FaultSite::kDiskReserve, 0, 2);  // full again after the kept file is closed
+  EXPECT_NE(error_of([&] { store.new_file(1 << 18); }).find("cannot reserve 262144 bytes"),
+            std::string::npos);
+  EXPECT_EQ(store.bytes_cached(), 0);
+  EXPECT_EQ(store.files_on_disk(), 0);
 }
 
 // Where the filesystem has no O_TMPFILE: random names in a private 0700 directory, unlinked as soon
