@@ -11,8 +11,8 @@
 // direct_io_policy.h). Transfers are then whole blocks of kDirectIoBlock bytes from memory aligned
 // to it: buffers must hold buffer_size(size) bytes.
 // Through the page cache, remove() keeps a file open for the next new_file of its size, as the host
-// pool keeps its buffers: the last close of a file frees its pages in the page cache, the most of
-// the thread's time in a step that saves every tensor to disk (docs/performance.md#all-sync-disk).
+// pool keeps its buffers: the last close of a file frees its pages in the page cache and a new file
+// reserves its space again, work a step that saves every tensor to disk would do hundreds of times.
 // The files kept and those in use never hold more bytes than the most the store's files held at
 // once; empty_cache() closes those kept.
 #include <condition_variable>
