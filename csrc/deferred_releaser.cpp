@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "elapsed.h"
 #include "thread_start.h"
 
 namespace torch_offload {
@@ -56,8 +57,7 @@ double DeferredReleaser::wait_in_flight_below(int64_t limit) {
   if (limit <= 0 || in_flight_ < limit) return 0.0;
   const auto start = std::chrono::steady_clock::now();
   progress_.wait(lock, [&] { return in_flight_ < limit; });
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
+  return ms_since(start);
 }
 
 void DeferredReleaser::drain() {

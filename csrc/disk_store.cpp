@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "disk_io.h"
+#include "elapsed.h"
 #include "fault_injection.h"
 #include "thread_start.h"
 
@@ -302,9 +303,9 @@ std::string DiskStore::describe(int64_t id) const {
 FileChecksum DiskStore::timed_checksum(const void* data, size_t size) {
   const auto start = std::chrono::steady_clock::now();
   const FileChecksum checksum = file_checksum(data, size);
-  const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+  const double took = ms_since(start);
   std::lock_guard<std::mutex> lock(mutex_);
-  checksum_ms_ += took.count();
+  checksum_ms_ += took;
   return checksum;
 }
 

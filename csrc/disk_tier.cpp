@@ -6,14 +6,9 @@
 #include <cstring>
 #include <optional>
 
-namespace torch_offload {
+#include "elapsed.h"
 
-namespace {
-double ms_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-}  // namespace
+namespace torch_offload {
 
 // One tensor's file. Its state is guarded by the tier's mutex; IO callbacks hold a reference, so
 // the record outlives every IO it queued.
