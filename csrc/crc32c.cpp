@@ -1,5 +1,6 @@
 #include "crc32c.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace torch_offload {
@@ -78,21 +79,31 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
   return ~update(~crc, static_cast<const unsigned char*>(data), size);
 }
 
-FileChecksum file_checksum(const void* data, size_t size) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  const size_t quarter = (size / 4) & ~size_t{7};  // whole words; the last quarter takes the rest
-  uint32_t c[4] = {~0u, ~0u, ~0u, ~0u};
+void FileChecksummer::add(const void* slice, size_t size) {
+  const auto* p = static_cast<const unsigned char*>(slice);
+  const size_t run = (size / 4) & ~size_t{7};  // whole words; the last chain takes the rest
 #if defined(__x86_64__)
   if (have_sse42()) {
-    update4_sse42(c, p, quarter, quarter / 8);
+    update4_sse42(chains_.data(), p, run, run / 8);
   } else
 #endif
   {
-    for (int lane = 0; lane < 4; ++lane)
-      c[lane] = update_table(c[lane], p + lane * quarter, quarter);
+    for (int k = 0; k < 4; ++k) chains_[k] = update_table(chains_[k], p + k * run, run);
   }
-  c[3] = update(c[3], p + 4 * quarter, size - 4 * quarter);
-  return FileChecksum{~c[0], ~c[1], ~c[2], ~c[3]};
+  chains_[3] = update(chains_[3], p + 4 * run, size - 4 * run);
+}
+
+FileChecksum FileChecksummer::value() const {
+  return FileChecksum{~chains_[0], ~chains_[1], ~chains_[2], ~chains_[3]};
+}
+
+FileChecksum file_checksum(const void* data, size_t size) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  FileChecksummer checksum;
+  for (size_t done = 0; done < size; done += kChecksumSlice) {
+    checksum.add(p + done, std::min(kChecksumSlice, size - done));
+  }
+  return checksum.value();
 }
 
 }  // namespace torch_offload

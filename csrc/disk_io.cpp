@@ -21,11 +21,9 @@ bool set_direct(int fd, bool on) {
   return flags >= 0 && ::fcntl(fd, F_SETFL, on ? flags | O_DIRECT : flags & ~O_DIRECT) == 0;
 }
 
-int pwrite_all(int fd, const void* data, size_t length) {
-  const char* p = static_cast<const char*>(data);
-  size_t done = 0;
+int pwrite_all(int fd, const char* data, size_t done, size_t length) {
   while (done < length) {
-    const ssize_t n = ::pwrite(fd, p + done, length - done, static_cast<off_t>(done));
+    const ssize_t n = ::pwrite(fd, data + done, length - done, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return n < 0 ? errno : ENOSPC;
     done += static_cast<size_t>(n);
@@ -43,14 +41,14 @@ std::string pread_all(int fd, char* data, size_t done, size_t length) {
   return "";
 }
 
-size_t read_cached_prefix(int fd, char* data, size_t size, bool* known) {
-  if (size == 0) return 0;
+size_t read_cached(int fd, char* data, size_t done, size_t length, bool* known) {
+  if (done >= length) return 0;
   struct iovec iov {
-    data, size
+    data + done, length - done
   };
   ssize_t n;
   do {
-    n = ::preadv2(fd, &iov, 1, 0, RWF_NOWAIT);
+    n = ::preadv2(fd, &iov, 1, static_cast<off_t>(done), RWF_NOWAIT);
   } while (n < 0 && errno == EINTR);
   if (n >= 0) return static_cast<size_t>(n);
   if (errno != EAGAIN) *known = false;

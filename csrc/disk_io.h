@@ -22,16 +22,17 @@ bool is_full(int err);
 // Switches O_DIRECT on or off for `fd`; false where the filesystem refuses.
 bool set_direct(int fd, bool on);
 
-// Full-buffer write/read loops: the kernel may transfer fewer bytes than asked.
-// Writes the `length` bytes at `data` at the start of `fd`; returns 0, or the errno value of the
-// failure (ENOSPC where the kernel wrote nothing).
-int pwrite_all(int fd, const void* data, size_t length);
-// Reads bytes [done, length) of `fd` into data + done; returns "" or why not.
+// Full-buffer write/read loops over bytes [done, length) of `fd` and of the buffer `data` that
+// mirrors the file: the kernel may transfer fewer bytes than asked.
+// Returns 0, or the errno value of the failure (ENOSPC where the kernel wrote nothing).
+int pwrite_all(int fd, const char* data, size_t done, size_t length);
+// Returns "" or why not.
 std::string pread_all(int fd, char* data, size_t done, size_t length);
 
-// Reads what the page cache holds of the file's start without waiting for the disk (RWF_NOWAIT):
-// the bytes it returns are the traffic the page cache served. Where the kernel or filesystem
-// cannot tell (older kernels, some sandboxes), sets `*known` false: the share is reported unknown.
-size_t read_cached_prefix(int fd, char* data, size_t size, bool* known);
+// Reads what the page cache holds from byte `done` on, up to `length`, without waiting for the
+// disk (RWF_NOWAIT); returns the number of bytes read: the traffic the page cache served. Where
+// the kernel or filesystem cannot tell (older kernels, some sandboxes), sets `*known` false: the
+// share is reported unknown.
+size_t read_cached(int fd, char* data, size_t done, size_t length, bool* known);
 
 }  // namespace torch_offload

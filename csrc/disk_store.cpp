@@ -36,6 +36,14 @@ bool block_aligned(const void* data) {
   return reinterpret_cast<uintptr_t>(data) % DiskStore::kDirectIoBlock == 0;
 }
 
+// Adds one slice to `checksum` and its time to `*ms`: the checksum's cost is reported
+// (checksum_ms), as it runs on the IO threads and delays each write's and read's completion.
+void add_timed(FileChecksummer* checksum, const char* slice, size_t size, double* ms) {
+  const auto start = std::chrono::steady_clock::now();
+  checksum->add(slice, size);
+  *ms += ms_since(start);
+}
+
 }  // namespace
 
 DiskStore::DiskStore(const std::string& directory, int io_threads, DirectIo direct_io)
@@ -298,19 +306,12 @@ std::string DiskStore::describe(int64_t id) const {
   return "disk-tier file " + std::to_string(id) + " (unnamed, in " + directory_ + ")";
 }
 
-// The checksum's cost is reported (checksum_ms): it runs on the IO threads, and delays each
-// file's write and read completion by that much.
-FileChecksum DiskStore::timed_checksum(const void* data, size_t size) {
-  const auto start = std::chrono::steady_clock::now();
-  const FileChecksum checksum = file_checksum(data, size);
-  const double took = ms_since(start);
-  std::lock_guard<std::mutex> lock(mutex_);
-  checksum_ms_ += took;
-  return checksum;
-}
-
+// Through the page cache, each slice is checksummed right before it is written and right after it
+// is read, while it sits in the CPU's cache, instead of the whole file in a pass of its own (1.05x
+// `disk`'s tokens/s at 4k, docs/performance.md). Direct IO moves the whole file in one transfer:
+// the device reads host memory itself, and smaller direct transfers would wait on the disk more
+// often.
 std::string DiskStore::write_file(int64_t id, const void* data, size_t size, bool* full) {
-  const FileChecksum checksum = timed_checksum(data, size);
   const bool direct = direct_transfer(id, data);
   const size_t length = transfer_length(size, direct);  // the buffer holds the padding
   int fd;
@@ -323,14 +324,24 @@ std::string DiskStore::write_file(int64_t id, const void* data, size_t size, boo
              " failed: " + errno_text(ENOSPC);
     }
   }
-  const int err = pwrite_all(fd, data, length);
+  const char* p = static_cast<const char*>(data);
+  FileChecksummer checksum;
+  double checksum_ms = 0;
+  int err = 0;
+  for (size_t done = 0; done < size && err == 0; done += kChecksumSlice) {
+    const size_t end = std::min(size, done + kChecksumSlice);
+    add_timed(&checksum, p + done, end - done, &checksum_ms);
+    if (!direct) err = pwrite_all(fd, p, done, end);
+  }
+  if (direct && err == 0) err = pwrite_all(fd, p, 0, length);
+  std::lock_guard<std::mutex> lock(mutex_);
+  checksum_ms_ += checksum_ms;
   if (err != 0) {
     *full = is_full(err);
     return "writing " + std::to_string(size) + " bytes to " + describe(id) +
            " failed: " + errno_text(err);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  files_.at(id).checksum = checksum;
+  files_.at(id).checksum = checksum.value();
   bytes_written_ += static_cast<int64_t>(size);
   if (direct) bytes_written_direct_ += static_cast<int64_t>(size);
   return "";
@@ -347,22 +358,30 @@ std::string DiskStore::read(int64_t id, void* data, size_t size) {
   }
   char* p = static_cast<char*>(data);
   const bool direct = direct_transfer(id, data);
-  const size_t length = transfer_length(size, direct);
-  // What the page cache holds of the file's start (nothing with direct IO), read without waiting.
+  std::string error = direct ? pread_all(fd, p, 0, transfer_length(size, true)) : "";
+  FileChecksummer checksum;
+  double checksum_ms = 0;
+  size_t cached = 0;  // bytes the page cache served without waiting for the disk
   bool known = true;
-  const size_t cached = direct ? 0 : read_cached_prefix(fd, p, size, &known);
-  if (!known) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    page_cache_share_known_ = false;
+  for (size_t done = 0; done < size && error.empty(); done += kChecksumSlice) {
+    const size_t end = std::min(size, done + kChecksumSlice);
+    if (!direct) {
+      const size_t served = read_cached(fd, p, done, end, &known);
+      cached += served;
+      error = pread_all(fd, p, done + served, end);
+      if (!error.empty()) break;
+    }
+    add_timed(&checksum, p + done, end - done, &checksum_ms);
   }
-  const std::string error = pread_all(fd, p, cached, length);
+  std::lock_guard<std::mutex> lock(mutex_);
+  checksum_ms_ += checksum_ms;
+  if (!known) page_cache_share_known_ = false;
   if (!error.empty()) return "reading " + describe(id) + " failed: " + error;
-  if (timed_checksum(data, size) != expected) {
+  if (checksum.value() != expected) {
     return "reading " + describe(id) + " failed: its " + std::to_string(size) +
            " bytes do not match the checksum written (CRC32C): the file was modified or the disk "
            "returned bad data";
   }
-  std::lock_guard<std::mutex> lock(mutex_);
   bytes_read_ += static_cast<int64_t>(size);
   bytes_read_cached_ += static_cast<int64_t>(cached);
   return "";

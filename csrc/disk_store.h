@@ -113,7 +113,6 @@ class DiskStore {
   bool direct_transfer(int64_t id, const void* data);
   std::string write_file(int64_t id, const void* data, size_t size, bool* full);
   std::string describe(int64_t id) const;
-  FileChecksum timed_checksum(const void* data, size_t size);
   void run();
   void stop_threads();
   void close_all();  // the destructor's work; safe to call twice
