@@ -203,9 +203,9 @@ def main(argv=None):
 
 def write(result: dict, out: Path) -> str:
     """Summarises the runs so far into out/rounds.json and out/rounds.md; returns the table. The
-    GPU, torch and dates are the runs' own, as their scripts wrote them."""
+    GPU, host CPU, torch and dates are the runs' own, as their scripts wrote them."""
     outputs = [r["script_output"] for r in result["runs"] if "script_output" in r]
-    for key in ("gpu", "torch"):
+    for key in ("gpu", "host_cpu", "torch"):
         values = sorted({str(o[key]) for o in outputs if o.get(key)})
         if values:
             result[key] = values[0] if len(values) == 1 else values

@@ -3,6 +3,7 @@ shapes, the random-init Llama builder, synced step timing, pinned-memory bandwid
 header and the markdown run table."""
 import datetime
 import gc
+import os
 import re
 import shlex
 import statistics
@@ -29,6 +30,18 @@ def sync(device):
 
 def gpu_name(device) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else "cpu"
+
+
+def host_cpu() -> str:
+    """The host's CPU model and logical CPU count: what bounds the host-side figures (the disk
+    tier's checksums and page-cache copies)."""
+    name = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} logical CPUs"
 
 
 def short_gpu_name(device) -> str:
@@ -69,9 +82,11 @@ def build_llama(shape: dict, device: str, max_positions: int, dtype=None, attn_i
 
 
 def new_result(args, **extra) -> dict:
-    """The header every results JSON starts with: the command, when, torch, model shape, device."""
+    """The header every results JSON starts with: the command, when, torch, model shape, device and
+    host CPU."""
     return {"command": " ".join(shlex.quote(a) for a in sys.argv), "date": datetime.datetime.now().isoformat(),
-            "torch": torch.__version__, "config": args.config, "gpu": gpu_name(args.device), "runs": [], **extra}
+            "torch": torch.__version__, "config": args.config, "gpu": gpu_name(args.device),
+            "host_cpu": host_cpu(), "runs": [], **extra}
 
 
 def release_memory(device) -> None:
