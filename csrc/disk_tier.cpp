@@ -211,7 +211,8 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
 
 DiskTier::DiskTier(const std::string& directory, int io_threads, int64_t max_writes_in_flight,
                    std::unique_ptr<HostAllocator> staging_allocator, DirectIo direct_io)
-    : max_writes_in_flight_(std::max<int64_t>(1, max_writes_in_flight)),
+    : max_writes_in_flight_(max_writes_in_flight > 0 ? max_writes_in_flight
+                                                     : std::max(1, io_threads)),
       staging_pool_(std::make_shared<HostBufferPool>(std::move(staging_allocator), 0)),
       store_(std::make_unique<DiskStore>(directory, io_threads, direct_io)) {}
 

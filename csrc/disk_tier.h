@@ -19,7 +19,8 @@ class DiskStored;
 
 class DiskTier : public Tier {
  public:
-  // `max_writes_in_flight` bounds the staging buffers held by writes (0 counts as 1);
+  // `max_writes_in_flight` bounds the staging buffers held by writes; 0 (the device copies
+  // unbounded) allows one per IO thread, as more would only wait in the threads' queue;
   // `direct_io`: which files bypass the page cache, where the filesystem allows it (DiskStore).
   DiskTier(const std::string& directory, int io_threads, int64_t max_writes_in_flight,
            std::unique_ptr<HostAllocator> staging_allocator, DirectIo direct_io = DirectIo::kNever);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <future>
@@ -32,6 +33,7 @@ using testing::FakeTransfer;
 using testing::finishes_within;
 
 using testing::kCPU;
+using testing::kSettle;
 using testing::TempDir;
 
 at::Tensor values(int64_t n, int64_t seed) {
@@ -293,6 +295,30 @@ TEST_F(DiskHandleTest, MakingAndFreeingFilesIsTimed) {
   EXPECT_EQ(manager->stats().disk_create_ms, 0.0) << "no file made since the reset";
   manager->reset_stats();
   EXPECT_EQ(manager->stats().disk_close_ms, 0.0);
+}
+
+// max_in_flight=0 leaves the device copies unbounded; the disk tier's writes are then bounded by
+// its IO threads (4): it used to count as a bound of 1, one write at a time.
+TEST_F(DiskHandleTest, UnboundedCopiesAllowOneWriteInFlightPerIoThread) {
+  ManagerConfig config = config_for(TierKind::kDisk, dir_.path());
+  config.max_in_flight = 0;
+  auto transfer = std::make_shared<FakeTransfer>(Completion::kManual);  // copies land when told
+  auto manager = Manager::create(config, transfer);
+  std::vector<at::Tensor> xs, hs;
+  for (int i = 0; i < 5; ++i) xs.push_back(values(256, i));
+  auto four = std::async(std::launch::async, [&] {
+    for (int i = 0; i < 4; ++i) hs.push_back(manager->save(xs[i]));
+  });
+  const bool four_went_ahead = four.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  while (four.wait_for(kSettle) != std::future_status::ready) transfer->complete_all();
+  EXPECT_TRUE(four_went_ahead) << "a save waited with fewer writes in flight than IO threads";
+  auto fifth = std::async(std::launch::async, [&] { return manager->save(xs[4]); });
+  EXPECT_EQ(fifth.wait_for(kSettle), std::future_status::timeout) << "a fifth write in flight";
+  transfer->fences(FakeTransfer::Kind::kToHost).at(0)->complete();  // the first write can end
+  ASSERT_TRUE(finishes_within(fifth));
+  hs.push_back(fifth.get());
+  transfer->set_mode(Completion::kImmediate);
+  for (int i = 4; i >= 0; --i) EXPECT_TRUE(at::equal(manager->restore(hs[i], kCPU), xs[i])) << i;
 }
 
 // Backward's first restore usually comes while the newest file is still being written: it reads
