@@ -209,10 +209,9 @@ class DiskStored : public StoredTensor, public std::enable_shared_from_this<Disk
   std::string read_error_;
 };
 
-DiskTier::DiskTier(const std::string& directory, int io_threads, int64_t max_writes_in_flight,
+DiskTier::DiskTier(const std::string& directory, int io_threads,
                    std::unique_ptr<HostAllocator> staging_allocator, DirectIo direct_io)
-    : max_writes_in_flight_(max_writes_in_flight > 0 ? max_writes_in_flight
-                                                     : std::max(1, io_threads)),
+    : max_writes_in_flight_(io_threads),
       staging_pool_(std::make_shared<HostBufferPool>(std::move(staging_allocator), 0)),
       store_(std::make_unique<DiskStore>(directory, io_threads, direct_io)) {}
 
@@ -260,7 +259,7 @@ void DiskTier::check_before_save() {
 std::shared_ptr<StoredTensor> DiskTier::reserve(size_t nbytes, bool /*may_decline*/) {
   int64_t sequence;
   {
-    // Each write in flight holds a staging buffer: bound them like device-to-host copies.
+    // Each write in flight holds a staging buffer and, once queued, an IO thread.
     std::unique_lock<std::mutex> lock(mutex_);
     const auto start = std::chrono::steady_clock::now();
     io_done_.wait(lock, [&] { return pending_writes_ < max_writes_in_flight_; });

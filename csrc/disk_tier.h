@@ -19,10 +19,10 @@ class DiskStored;
 
 class DiskTier : public Tier {
  public:
-  // `max_writes_in_flight` bounds the staging buffers held by writes; 0 (the device copies
-  // unbounded) allows one per IO thread, as more would only wait in the threads' queue;
-  // `direct_io`: which files bypass the page cache, where the filesystem allows it (DiskStore).
-  DiskTier(const std::string& directory, int io_threads, int64_t max_writes_in_flight,
+  // Up to `io_threads` writes are in flight, one per IO thread (more would only wait in the
+  // threads' queue), each holding its staging buffer; `direct_io`: which files bypass the page
+  // cache, where the filesystem allows it (DiskStore).
+  DiskTier(const std::string& directory, int io_threads,
            std::unique_ptr<HostAllocator> staging_allocator, DirectIo direct_io = DirectIo::kNever);
   ~DiskTier() override;
 
@@ -48,7 +48,7 @@ class DiskTier : public Tier {
   DiskStore::NewFile create_file(size_t nbytes);
   void close_file(int64_t id);
 
-  const int64_t max_writes_in_flight_;
+  const int64_t max_writes_in_flight_;            // one per IO thread
   std::shared_ptr<HostBufferPool> staging_pool_;  // outside the host budget
   std::mutex mutex_;
   std::condition_variable io_done_;  // signalled with mutex_ when IO finishes

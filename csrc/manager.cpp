@@ -70,10 +70,15 @@ Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> tr
   TORCH_CHECK(!(config.disk_direct_io || config.disk_direct_io_auto) || !config.disk_dir.empty(),
               "torch_offload: disk_direct_io=", config.disk_direct_io ? "True" : "'auto'",
               " is for the disk tier, and there is none without a disk_dir");
+  TORCH_CHECK(config.disk_io_threads >= 1, "torch_offload: disk_io_threads must be >= 1, got ",
+              config.disk_io_threads);
+  TORCH_CHECK(config.disk_io_threads == ManagerConfig{}.disk_io_threads || !config.disk_dir.empty(),
+              "torch_offload: disk_io_threads=", config.disk_io_threads,
+              " is for the disk tier, and there is none without a disk_dir");
   if (!config.disk_only) save_tiers_.push_back(host_.get());
   if (!config.disk_dir.empty()) {
     disk_ = std::make_unique<DiskTier>(
-        config.disk_dir, static_cast<int>(config.io_threads), config.max_in_flight,
+        config.disk_dir, static_cast<int>(config.disk_io_threads),
         pinned ? make_default_host_allocator() : make_pageable_allocator(),
         config.disk_direct_io        ? DirectIo::kAlways
         : config.disk_direct_io_auto ? DirectIo::kWhenRamIsShort

@@ -22,7 +22,11 @@ struct ManagerConfig {
   bool disk_only = false;
   // Threads writing and reading the disk tier's files: each write and read is a CPU copy into or
   // out of the page cache plus a checksum, so several run in parallel to keep up with the GPU.
-  int64_t io_threads = 4;
+  // Each thread writes one file at a time from its staging buffer, so saves wait while this many
+  // writes are under way: it also bounds the host memory the writes' staging buffers hold. Where
+  // the host has CPUs and RAM to spare, more threads shorten the forward's wait for writes
+  // (docs/performance.md, all, sync, disk).
+  int64_t disk_io_threads = 4;
   // Files read into host memory ahead of their restore, in backward order (at least
   // prefetch_depth; none when prefetch_depth is 0): a file read takes longer than a device copy.
   int64_t disk_read_ahead = 3;

@@ -26,6 +26,7 @@ c10::Dict<std::string, int64_t> manager_defaults() {
   out.insert("prefetch_depth", defaults.prefetch_depth);
   out.insert("host_budget_bytes", defaults.host_budget_bytes);
   out.insert("keep_on_device_bytes", defaults.keep_on_device_bytes);
+  out.insert("disk_io_threads", defaults.disk_io_threads);
   return out;
 }
 

@@ -297,28 +297,54 @@ TEST_F(DiskHandleTest, MakingAndFreeingFilesIsTimed) {
   EXPECT_EQ(manager->stats().disk_close_ms, 0.0);
 }
 
-// max_in_flight=0 leaves the device copies unbounded; the disk tier's writes are then bounded by
-// its IO threads (4): it used to count as a bound of 1, one write at a time.
-TEST_F(DiskHandleTest, UnboundedCopiesAllowOneWriteInFlightPerIoThread) {
-  ManagerConfig config = config_for(TierKind::kDisk, dir_.path());
-  config.max_in_flight = 0;
+// Each write in flight holds an IO thread and its staging buffer: disk_io_threads of them may be
+// under way whatever max_in_flight (at least io_threads here) allows the device copies. With
+// max_in_flight=0 they used to count as one write at a time; otherwise max_in_flight bounded them,
+// whatever the threads.
+void expect_writes_in_flight(const std::string& dir, int64_t max_in_flight, int64_t io_threads) {
+  ManagerConfig config = config_for(TierKind::kDisk, dir);
+  config.max_in_flight = max_in_flight;
+  config.disk_io_threads = io_threads;
   auto transfer = std::make_shared<FakeTransfer>(Completion::kManual);  // copies land when told
   auto manager = Manager::create(config, transfer);
   std::vector<at::Tensor> xs, hs;
-  for (int i = 0; i < 5; ++i) xs.push_back(values(256, i));
-  auto four = std::async(std::launch::async, [&] {
-    for (int i = 0; i < 4; ++i) hs.push_back(manager->save(xs[i]));
+  for (int64_t i = 0; i <= io_threads; ++i) xs.push_back(values(256, i));
+  auto first = std::async(std::launch::async, [&] {
+    for (int64_t i = 0; i < io_threads; ++i) hs.push_back(manager->save(xs[i]));
   });
-  const bool four_went_ahead = four.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
-  while (four.wait_for(kSettle) != std::future_status::ready) transfer->complete_all();
-  EXPECT_TRUE(four_went_ahead) << "a save waited with fewer writes in flight than IO threads";
-  auto fifth = std::async(std::launch::async, [&] { return manager->save(xs[4]); });
-  EXPECT_EQ(fifth.wait_for(kSettle), std::future_status::timeout) << "a fifth write in flight";
+  const bool went_ahead = first.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  while (first.wait_for(kSettle) != std::future_status::ready) transfer->complete_all();
+  EXPECT_TRUE(went_ahead) << "a save waited with fewer writes in flight than IO threads";
+  auto next = std::async(std::launch::async, [&] { return manager->save(xs[io_threads]); });
+  EXPECT_EQ(next.wait_for(kSettle), std::future_status::timeout)
+      << "a write in flight beyond the " << io_threads << " IO threads";
   transfer->fences(FakeTransfer::Kind::kToHost).at(0)->complete();  // the first write can end
-  ASSERT_TRUE(finishes_within(fifth));
-  hs.push_back(fifth.get());
+  ASSERT_TRUE(finishes_within(next));
+  hs.push_back(next.get());
   transfer->set_mode(Completion::kImmediate);
-  for (int i = 4; i >= 0; --i) EXPECT_TRUE(at::equal(manager->restore(hs[i], kCPU), xs[i])) << i;
+  for (int64_t i = io_threads; i >= 0; --i) {
+    EXPECT_TRUE(at::equal(manager->restore(hs[i], kCPU), xs[i])) << i;
+  }
+}
+
+TEST_F(DiskHandleTest, UnboundedCopiesAllowOneWriteInFlightPerIoThread) {
+  expect_writes_in_flight(dir_.path(), /*max_in_flight=*/0, /*io_threads=*/3);
+}
+
+TEST_F(DiskHandleTest, WritesInFlightAreBoundedByIoThreadsNotByCopies) {
+  expect_writes_in_flight(dir_.path(), /*max_in_flight=*/8, /*io_threads=*/2);
+}
+
+TEST(DiskIoThreads, AreCheckedAndNeedADiskDir) {
+  TempDir dir;
+  ManagerConfig none = config_for(TierKind::kDisk, dir.path());
+  none.disk_io_threads = 0;
+  const std::string no_thread = error_of([&] { Manager::create(none); });
+  EXPECT_NE(no_thread.find("disk_io_threads must be >= 1, got 0"), std::string::npos) << no_thread;
+  ManagerConfig no_disk;
+  no_disk.disk_io_threads = 8;
+  const std::string no_tier = error_of([&] { Manager::create(no_disk); });
+  EXPECT_NE(no_tier.find("disk_io_threads=8 is for the disk tier"), std::string::npos) << no_tier;
 }
 
 // Backward's first restore usually comes while the newest file is still being written: it reads

@@ -219,6 +219,22 @@ TEST(OffloadManagerClassTest, StateRoundTripKeepsConfig) {
   EXPECT_THROW(OffloadManager::from_state(State{}), c10::Error) << "an empty state is rejected";
 }
 
+// disk_io_threads is the 9th value; a state saved before it (8 values) loads with the default.
+TEST(OffloadManagerClassTest, StateKeepsDiskIoThreadsAndLoadsOlderStates) {
+  const testing::TempDir dir;
+  auto om = c10::make_intrusive<OffloadManager>(4, 1, 0, false, dir.path(), /*disk_only=*/true,
+                                                false, 0, false, false, /*disk_io_threads=*/7);
+  State state = om->state();
+  ASSERT_EQ(std::get<0>(state).size(), 9u);
+  EXPECT_EQ(OffloadManager::from_state(state)->disk_io_threads(), 7);
+  std::get<0>(state).pop_back();
+  auto older = OffloadManager::from_state(state);
+  EXPECT_EQ(older->disk_io_threads(), ManagerConfig{}.disk_io_threads);
+  EXPECT_TRUE(older->disk_only());
+  std::get<0>(state).resize(10);
+  EXPECT_THROW(OffloadManager::from_state(state), c10::Error) << "a state from a newer version";
+}
+
 TEST(OffloadManagerClassTest, InvalidConfigIsRejected) {
   EXPECT_THROW(c10::make_intrusive<OffloadManager>(-1, 1, 0), c10::Error);
   EXPECT_THROW(c10::make_intrusive<OffloadManager>(4, -1, 0), c10::Error);

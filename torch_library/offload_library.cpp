@@ -33,8 +33,8 @@ TORCH_LIBRARY(offload, m) {
   const torch_offload::ManagerConfig defaults;
   m.class_<OffloadManager>("OffloadManager")
       .def(
-          torch::init<int64_t, int64_t, int64_t, bool, std::string, bool, bool, int64_t, bool,
-                      bool>(),
+          torch::init<int64_t, int64_t, int64_t, bool, std::string, bool, bool, int64_t, bool, bool,
+                      int64_t>(),
           "",
           {torch::arg("max_in_flight") = defaults.max_in_flight,
            torch::arg("prefetch_depth") = defaults.prefetch_depth,
@@ -44,7 +44,8 @@ TORCH_LIBRARY(offload, m) {
            torch::arg("release_sources_on_save") = defaults.release_sources_on_save,
            torch::arg("keep_on_device_bytes") = defaults.keep_on_device_bytes,
            torch::arg("disk_direct_io") = defaults.disk_direct_io,
-           torch::arg("disk_direct_io_auto") = defaults.disk_direct_io_auto})
+           torch::arg("disk_direct_io_auto") = defaults.disk_direct_io_auto,
+           torch::arg("disk_io_threads") = defaults.disk_io_threads})
       .def("id", &OffloadManager::id)
       .def("stats", &OffloadManager::stats)
       .def("reset_stats", &OffloadManager::reset_stats)
@@ -70,6 +71,7 @@ TORCH_LIBRARY(offload, m) {
       .def("disk_only", &OffloadManager::disk_only)
       .def("disk_direct_io", &OffloadManager::disk_direct_io)
       .def("disk_direct_io_auto", &OffloadManager::disk_direct_io_auto)
+      .def("disk_io_threads", &OffloadManager::disk_io_threads)
       .def("release_sources_on_save", &OffloadManager::release_sources_on_save)
       .def("keep_on_device_bytes", &OffloadManager::keep_on_device_bytes)
       .def("set_keep_on_device_bytes", &OffloadManager::set_keep_on_device_bytes)

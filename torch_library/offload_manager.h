@@ -16,8 +16,8 @@ namespace torch_offload {
 class OffloadManager : public torch::CustomClassHolder {
  public:
   // Pickled configuration: {max_in_flight, prefetch_depth, host_budget_bytes, synchronous,
-  // disk_only, release_sources_on_save, keep_on_device_bytes, disk_direct_io (0, 1, 2: 'auto')}
-  // and disk_dir.
+  // disk_only, release_sources_on_save, keep_on_device_bytes, disk_direct_io (0, 1, 2: 'auto'),
+  // disk_io_threads} and disk_dir.
   using State = std::tuple<std::vector<int64_t>, std::string>;
 
   // The defaults are ManagerConfig's (csrc/manager_config.h).
@@ -28,7 +28,8 @@ class OffloadManager : public torch::CustomClassHolder {
                  bool release_sources_on_save = ManagerConfig{}.release_sources_on_save,
                  int64_t keep_on_device_bytes = ManagerConfig{}.keep_on_device_bytes,
                  bool disk_direct_io = ManagerConfig{}.disk_direct_io,
-                 bool disk_direct_io_auto = ManagerConfig{}.disk_direct_io_auto);
+                 bool disk_direct_io_auto = ManagerConfig{}.disk_direct_io_auto,
+                 int64_t disk_io_threads = ManagerConfig{}.disk_io_threads);
 
   int64_t id() const { return manager_->id(); }
   c10::Dict<std::string, double> stats() const;
@@ -81,6 +82,7 @@ class OffloadManager : public torch::CustomClassHolder {
   bool disk_direct_io() const { return manager_->config().disk_direct_io; }
   // disk_direct_io='auto': each file decides (ManagerConfig::disk_direct_io_auto).
   bool disk_direct_io_auto() const { return manager_->config().disk_direct_io_auto; }
+  int64_t disk_io_threads() const { return manager_->config().disk_io_threads; }
   bool release_sources_on_save() const { return manager_->config().release_sources_on_save; }
   int64_t keep_on_device_bytes() const { return manager_->keep_on_device_bytes(); }
   void set_keep_on_device_bytes(int64_t bytes) { manager_->set_keep_on_device_bytes(bytes); }

@@ -59,13 +59,14 @@ def test_python_counters_add_to_engine_statistics_only():
 
 def test_manager_defaults_are_the_engines():
     assert set(MANAGER_DEFAULTS._fields) == {"max_in_flight", "prefetch_depth", "host_budget_bytes",
-                                             "keep_on_device_bytes"}
+                                             "keep_on_device_bytes", "disk_io_threads"}
     assert MANAGER_DEFAULTS._asdict() == dict(torch.ops.offload.manager_defaults())
     for manager in (torch.classes.offload.OffloadManager(), torch_offload.OffloadManager()):
         assert manager.max_in_flight() == MANAGER_DEFAULTS.max_in_flight
         assert manager.prefetch_depth() == MANAGER_DEFAULTS.prefetch_depth
         assert manager.host_budget_bytes() == MANAGER_DEFAULTS.host_budget_bytes
         assert manager.keep_on_device_bytes() == MANAGER_DEFAULTS.keep_on_device_bytes
+        assert manager.disk_io_threads() == MANAGER_DEFAULTS.disk_io_threads
     # The Python entry points that build a manager default to the engine's bound on copies.
     for entry in (torch_offload.OffloadManager, torch_offload.offload_activations, torch_offload.offload_layers):
         assert inspect.signature(entry).parameters["max_in_flight"].default == MANAGER_DEFAULTS.max_in_flight

@@ -22,7 +22,7 @@ def _named(type_name: str, values) -> tuple:
 
 
 # The defaults of the manager's integer options (max_in_flight, prefetch_depth, host_budget_bytes,
-# keep_on_device_bytes): ManagerConfig's, csrc/manager_config.h.
+# keep_on_device_bytes, disk_io_threads): ManagerConfig's, csrc/manager_config.h.
 MANAGER_DEFAULTS = _named("ManagerDefaults", torch.ops.offload.manager_defaults())
 # The codes offload_pack_filtered returns for the save hooks' filter's decisions (offload, keep,
 # caller_decides, leaf_without_grad): csrc/save_decision.h.
@@ -77,6 +77,7 @@ class OffloadManager(metaclass=_ManagerClass):
         node_host_budget_bytes: int = 0,
         keep_on_device_bytes: int = MANAGER_DEFAULTS.keep_on_device_bytes,
         disk_direct_io=False,
+        disk_io_threads: int = MANAGER_DEFAULTS.disk_io_threads,
     ):
         """A torch.classes.offload.OffloadManager with these options.
 
@@ -107,6 +108,11 @@ class OffloadManager(metaclass=_ManagerClass):
             cannot hold it beside the files already kept through the page cache and 1 GiB for
             everything else; stats()["disk_direct_io"] is 2 and disk_bytes_written_direct says how
             much went around it.
+        disk_io_threads: the disk tier's IO threads, each writing one file at a time from its staging
+            buffer: saves wait while this many writes are under way, so it also bounds the host memory
+            the writes' staging buffers hold. More threads shorten the forward's wait for writes where
+            the host has CPUs and RAM to spare (docs/performance.md). Needs disk_dir to differ from the
+            default.
         """
         if disk_direct_io not in (True, False, "auto") or not isinstance(disk_direct_io, (bool, str)):
             raise ValueError(f"torch_offload.OffloadManager: disk_direct_io={disk_direct_io!r}; expected "
@@ -123,6 +129,7 @@ class OffloadManager(metaclass=_ManagerClass):
         manager = torch.classes.offload.OffloadManager(
             max_in_flight, prefetch_depth, host_budget_bytes, synchronous, str(disk_dir), disk_only,
             release_sources_on_save, keep_on_device_bytes, disk_direct_io is True, disk_direct_io == "auto",
+            disk_io_threads,
         )
         if node_host_budget_bytes:
             node_budget.register(manager, node_host_budget_bytes)

@@ -98,8 +98,9 @@ def enable(model, variant: str, options: dict):
     # Each bench option goes to the modes whose options have it (apply() refuses the others).
     takes = {field.name for field in dataclasses.fields(options_type(mode))}
     mode_options = {k: v for k, v in options.items() if v is not None and k in takes}
-    if base in DISK_VARIANTS and options.get("disk_direct_io"):
-        mode_options["disk_direct_io"] = True
+    for disk_option in ("disk_direct_io", "disk_io_threads"):  # for the disk tier only
+        if base not in DISK_VARIANTS:
+            mode_options.pop(disk_option, None)
     if base.startswith("hidden_states_disk"):
         mode_options.update(disk_dir=mode_options.get("disk_dir") or tempfile.gettempdir(), disk_only=True)
     if base == "hidden_states_disk_direct":
@@ -274,6 +275,8 @@ def parse_args(argv=None):
     parser.add_argument("--disk-direct-io", action="store_true",
                         help="disk_direct_io=True for the disk and hidden_states_disk modes (files bypass the page "
                              "cache; hidden_states_disk_direct is hidden_states_disk with it)")
+    parser.add_argument("--disk-io-threads", type=int, default=None,
+                        help="disk_io_threads of the disk and hidden_states_disk modes (default apply()'s)")
     parser.add_argument("--disk-bandwidth-mb", type=int, default=1024,
                         help="MiB written and read to measure disk_dir's own bandwidth beside the disk rows; 0: not "
                              "measured (default: %(default)s)")
@@ -381,7 +384,7 @@ def main(argv=None) -> dict:
     model = build_llama(args.config, args.device, max(args.seq_list))
     options = {"min_bytes": args.min_bytes, "disk_dir": args.disk_dir, "prefetch_depth": args.prefetch_depth,
                "max_in_flight": args.max_in_flight, "disk_direct_io": args.disk_direct_io or None,
-               "trial_steps": args.auto_trial_steps}
+               "disk_io_threads": args.disk_io_threads, "trial_steps": args.auto_trial_steps}
     check_variants(model, args.variants, options)
     if args.device == "cuda" and any(v not in BASELINES for v in args.variants):
         # Link use = bytes copied / (step time x this bandwidth), per direction.

@@ -30,6 +30,8 @@ class ManagerOptions:
         disk_only write everything there).
     disk_direct_io: the disk tier's files bypass the page cache (O_DIRECT); "auto": each file decides
         from the host's available memory.
+    disk_io_threads: the disk tier's IO threads; each write holds one and its staging buffer, so saves
+        wait while this many writes are under way.
     keep_on_device_bytes: the newest saves, up to this many bytes, stay on the GPU uncopied.
     """
 
@@ -39,11 +41,13 @@ class ManagerOptions:
     node_host_budget_bytes: int = 0
     disk_dir: Optional[str] = None
     disk_direct_io: Union[bool, str] = False
+    disk_io_threads: int = MANAGER_DEFAULTS.disk_io_threads
     keep_on_device_bytes: Union[int, str] = 0
 
     def __post_init__(self):
         for name in ("max_in_flight", "host_budget_bytes", "node_host_budget_bytes"):
             check_int(name, getattr(self, name))
+        check_int("disk_io_threads", self.disk_io_threads, 1)
         if self.prefetch_depth is not None:
             check_int("prefetch_depth", self.prefetch_depth)
         if self.keep_on_device_bytes != "auto":
@@ -61,7 +65,8 @@ class ManagerOptions:
         """OffloadManager's keyword arguments for these options (prefetch_depth where set)."""
         kwargs = dict(max_in_flight=self.max_in_flight, host_budget_bytes=self.host_budget_bytes,
                       node_host_budget_bytes=self.node_host_budget_bytes, disk_dir=self.disk_dir or "",
-                      disk_direct_io=self.disk_direct_io, keep_on_device_bytes=self.keep_on_device_bytes)
+                      disk_direct_io=self.disk_direct_io, disk_io_threads=self.disk_io_threads,
+                      keep_on_device_bytes=self.keep_on_device_bytes)
         if self.prefetch_depth is not None:
             kwargs["prefetch_depth"] = self.prefetch_depth
         return kwargs
@@ -74,7 +79,7 @@ class ManagerOptions:
 
     # The fields that configure the manager (a ready manager= takes their place).
     manager_fields = ("max_in_flight", "prefetch_depth", "host_budget_bytes", "node_host_budget_bytes", "disk_dir",
-                      "disk_direct_io", "keep_on_device_bytes")
+                      "disk_direct_io", "disk_io_threads", "keep_on_device_bytes")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -102,7 +102,8 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
     smaller than `min_bytes`. Options: `max_in_flight` (copies in flight before forward blocks),
     `prefetch_depth` (tensors copied back ahead of need in backward), `host_budget_bytes`
     (0 = unlimited) or `node_host_budget_bytes` (shared by the ranks of a node), `disk_dir` (the disk tier: where "disk" writes, where "all" spills),
-    `disk_direct_io` (its files bypass the page cache: see OffloadManager),
+    `disk_direct_io` (its files bypass the page cache: see OffloadManager), `disk_io_threads` (its IO
+    threads, one write in flight each: see OffloadManager),
     `keep_on_device_bytes` (the newest saves, up to that many bytes, stay on the GPU uncopied: see
     OffloadManager), or a ready `manager`. `record_offloaded=True` records the storages offloaded
     (`filter.report()`, `filter.reset_record()`: modules mode's report). `batch_copies=True`:
@@ -131,6 +132,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
         disk_dir: Optional[str] = None,
         keep_on_device_bytes: int = 0,
         disk_direct_io=False,
+        disk_io_threads: int = MANAGER_DEFAULTS.disk_io_threads,
         record_offloaded: bool = False,
         warn_on_exit: bool = True,
         batch_copies: bool = False,
@@ -141,7 +143,7 @@ class offload_activations(NotPicklable, torch.autograd.graph.saved_tensors_hooks
             settings = dict(max_in_flight=max_in_flight, prefetch_depth=prefetch_depth,
                             host_budget_bytes=host_budget_bytes, node_host_budget_bytes=node_host_budget_bytes,
                             disk_dir=disk_dir or "", keep_on_device_bytes=keep_on_device_bytes,
-                            disk_direct_io=disk_direct_io)
+                            disk_direct_io=disk_direct_io, disk_io_threads=disk_io_threads)
             manager = OffloadManager(**{**settings, **hooks_mode_settings(self.mode, disk_dir or "")})
         self.manager = manager
         self.warn_on_exit = warn_on_exit
