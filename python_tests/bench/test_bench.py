@@ -23,6 +23,16 @@ EVERY_VARIANT = ["none", "checkpointing", "hf_offload", "hidden_states", "hidden
                  "modules:qkv,core_attn", "all", "sync", "disk"]
 
 
+def test_disk_options_go_to_the_disk_variants_only():
+    # Without --disk-dir, `all` has no disk tier: the disk tier's options would be refused there.
+    result = main(["--model", "tiny", "--device", "cpu", "--seqs", "32", "--warmup", "0", "--steps", "1",
+                   "--modes", "all,disk", "--min-bytes", "0", "--disk-io-threads", "2", "--disk-bandwidth-mb", "0",
+                   "--no-progress"])
+    runs = {r["variant"]: r for r in result["runs"]}
+    assert all("error" not in r for r in runs.values()), runs
+    assert runs["disk"]["disk_written_MB"] > 0 and "disk_written_MB" not in runs["all"]
+
+
 def test_bench_cli_every_variant(tmp_path):
     # As a user runs it, in its own process: the profiler it starts for --trace leaves process-wide
     # state behind that changed a later compile test's fresh-vs-cached gradients.
@@ -30,7 +40,8 @@ def test_bench_cli_every_variant(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "torch_offload.bench", "--model", "tiny", "--device", "cpu", "--seqs", "32",
          "--warmup", "0", "--steps", "1", "--auto-trial-steps", "1", "--modes", ",".join(EVERY_VARIANT),
-         "--min-bytes", "0", "--disk-dir", str(tmp_path), "--disk-bandwidth-mb", "16", "--json", str(out),
+         "--min-bytes", "0", "--disk-dir", str(tmp_path), "--disk-io-threads", "2", "--disk-bandwidth-mb", "16",
+         "--json", str(out),
          "--png", str(tmp_path / "bench.png"), "--trace", str(tmp_path / "traces"), "--no-progress"],
         capture_output=True, text=True, cwd=REPO, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
