@@ -70,7 +70,8 @@ Manager::Manager(const ManagerConfig& config, std::shared_ptr<DeviceTransfer> tr
   TORCH_CHECK(!(config.disk_direct_io || config.disk_direct_io_auto) || !config.disk_dir.empty(),
               "torch_offload: disk_direct_io=", config.disk_direct_io ? "True" : "'auto'",
               " is for the disk tier, and there is none without a disk_dir");
-  TORCH_CHECK(config.disk_io_threads >= 1, "torch_offload: disk_io_threads must be >= 1, got ",
+  TORCH_CHECK(config.disk_io_threads >= 1 && config.disk_io_threads <= kMaxDiskIoThreads,
+              "torch_offload: disk_io_threads must be 1 to ", kMaxDiskIoThreads, ", got ",
               config.disk_io_threads);
   TORCH_CHECK(config.disk_io_threads == ManagerConfig{}.disk_io_threads || !config.disk_dir.empty(),
               "torch_offload: disk_io_threads=", config.disk_io_threads,

@@ -4,6 +4,9 @@
 
 namespace torch_offload {
 
+// More IO threads than this would only share the host's CPUs (and a thread count is an int).
+constexpr int64_t kMaxDiskIoThreads = 256;
+
 struct ManagerConfig {
   // Device-to-host copies allowed in flight before offload_save blocks the host (bounds the GPU
   // memory held by sources that are still being copied). 0 = unbounded.

@@ -340,7 +340,11 @@ TEST(DiskIoThreads, AreCheckedAndNeedADiskDir) {
   ManagerConfig none = config_for(TierKind::kDisk, dir.path());
   none.disk_io_threads = 0;
   const std::string no_thread = error_of([&] { Manager::create(none); });
-  EXPECT_NE(no_thread.find("disk_io_threads must be >= 1, got 0"), std::string::npos) << no_thread;
+  EXPECT_NE(no_thread.find("disk_io_threads must be 1 to 256, got 0"), std::string::npos)
+      << no_thread;
+  none.disk_io_threads = int64_t{1} << 32;  // not narrowed to an int of 0 threads
+  const std::string too_many = error_of([&] { Manager::create(none); });
+  EXPECT_NE(too_many.find("got 4294967296"), std::string::npos) << too_many;
   ManagerConfig no_disk;
   no_disk.disk_io_threads = 8;
   const std::string no_tier = error_of([&] { Manager::create(no_disk); });
