@@ -98,8 +98,8 @@ def enable(model, variant: str, options: dict):
     # Each bench option goes to the modes whose options have it (apply() refuses the others).
     takes = {field.name for field in dataclasses.fields(options_type(mode))}
     mode_options = {k: v for k, v in options.items() if v is not None and k in takes}
-    for disk_option in ("disk_direct_io", "disk_io_threads"):  # for the disk tier only
-        if base not in DISK_VARIANTS:
+    if base not in DISK_VARIANTS:  # the disk tier's options are for the disk variants only
+        for disk_option in ("disk_direct_io", "disk_io_threads"):
             mode_options.pop(disk_option, None)
     if base.startswith("hidden_states_disk"):
         mode_options.update(disk_dir=mode_options.get("disk_dir") or tempfile.gettempdir(), disk_only=True)
